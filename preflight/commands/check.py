@@ -1,0 +1,79 @@
+"""``preflight check``: every node-local check once, a table or JSON, an exit code."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from preflight.checks import CHECKS
+from preflight.cli import Formatter, add_config_options, build_context, emit_report, report_exit
+from preflight.model import ExitCode
+from preflight.runner import SelectionError, run_checks, select
+
+
+def _names(text: str) -> list[str]:
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    checks = "\n".join(f"  {c.name:<14} {c.summary}" for c in CHECKS)
+    p = sub.add_parser(
+        "check", formatter_class=Formatter,
+        help="run the node-local checks once (Slurm prolog, init container, a person)",
+        description="Run the node-local checks once and print a verdict per check.\n\n"
+                    f"checks:\n{checks}",
+        epilog="exit codes: 0 ok or warnings, 1 a check failed, 2 usage/config error, "
+               "3 a check errored or timed out")
+    p.add_argument("--json", action="store_true", help="print the JSON report instead of a table")
+    p.add_argument("--only", type=_names, default=[], metavar="A,B",
+                   help="run only these checks")
+    p.add_argument("--skip", type=_names, default=[], metavar="A,B", help="do not run these checks")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 on WARN too (default: WARN exits 0, so a prolog does not drain "
+                        "a node for a warning)")
+    p.add_argument("--expect-gpus", type=int, metavar="N",
+                   help="GPUs this node must show (default: from the job's SLURM_JOB_GPUS or "
+                        "LOCAL_WORLD_SIZE, else at least one); 0 = CPU-only node, GPU checks skip")
+    p.add_argument("--no-bandwidth", action="store_true",
+                   help="skip the timed all-reduce (the allreduce check)")
+    p.add_argument("--golden", metavar="FILE",
+                   help="fingerprint JSON (preflight fingerprint --json) this node must match")
+    p.add_argument("--python", metavar="PATH",
+                   help="interpreter of the training environment to fingerprint "
+                        "(default: the one running preflight)")
+    p.add_argument("--multi-node", action="store_true", default=None,
+                   help="judge the network for a multi-node job even if WORLD_SIZE does not say so")
+    p.add_argument("--probe-master", action="store_true", default=None,
+                   help="on a non-master node, try a TCP connect to MASTER_ADDR:MASTER_PORT")
+    p.add_argument("--min-busbw", type=float, metavar="GBPS",
+                   help="all-reduce bus bandwidth floor in GB/s (default: built-in table per GPU "
+                        "model and count)")
+    p.add_argument("--timeout", type=float, metavar="S", dest="check_timeout_s",
+                   help="deadline of each check in seconds (default 10; the all-reduce has its own)")
+    p.add_argument("--prom-file", metavar="PATH",
+                   help="also write the metrics in node_exporter textfile format to PATH "
+                        "(atomically: temp file + rename)")
+    add_config_options(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    ctx = build_context(args, {
+        "expect_gpus": args.expect_gpus, "golden": args.golden, "python": args.python,
+        "multi_node": args.multi_node, "probe_master": args.probe_master,
+        "min_busbw_gbps": args.min_busbw, "check_timeout_s": args.check_timeout_s,
+    })
+    names = {c.name for c in CHECKS}
+    skip = [*args.skip, *(["allreduce"] if args.no_bandwidth and "allreduce" in names else [])]
+    try:
+        checks = select(CHECKS, only=args.only, skip=skip)
+    except SelectionError as exc:
+        print(f"preflight check: {exc}", file=sys.stderr)
+        return int(ExitCode.USAGE)
+    report = run_checks(ctx, checks)
+    if args.prom_file:
+        from preflight.outputs.prom import write_textfile
+
+        write_textfile(report, args.prom_file)
+    emit_report(report, as_json=args.json)
+    return report_exit(report, strict=args.strict)

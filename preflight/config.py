@@ -1,0 +1,234 @@
+"""Configuration: named defaults, then a file (TOML or YAML), then ``PREFLIGHT_*`` variables, then CLI.
+
+Loaded once, validated at start: an unknown key or a wrong type is a :class:`ConfigError` that names
+the key and where it came from, and the CLI exits 2 on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+import yaml
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+#: Packages whose versions matter for a distributed job (the article's scikit-learn story).
+DEFAULT_WATCHED_PACKAGES = (
+    "torch", "numpy", "scikit-learn", "transformers", "accelerate", "deepspeed", "triton",
+    "nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-cudnn-cu12", "nvidia-cudnn-cu13",
+)
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, of the wrong type, or out of range."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every knob, with its default. Keys in files and ``PREFLIGHT_<KEY>`` use these names."""
+
+    #: GPUs this node must show; None = from the job (SLURM_JOB_GPUS, LOCAL_WORLD_SIZE) or any >= 1.
+    expect_gpus: int | None = None
+    #: NVLinks each GPU must have active; None = auto (GPUs of one node must agree, a lone GPU
+    #: without peers is fine).
+    expect_nvlinks: int | None = None
+    #: Deadline of one check, seconds.
+    check_timeout_s: float = 10.0
+    #: Smallest acceptable /dev/shm, bytes (NVIDIA: --shm-size=1g).
+    shm_min_bytes: int = GiB
+    #: NCCL channels assumed when sizing /dev/shm (9.2 MiB per channel per local peer).
+    shm_channels: int = 16
+    #: Package distributions whose versions go into the fingerprint.
+    watched_packages: tuple[str, ...] = DEFAULT_WATCHED_PACKAGES
+    #: Files or directories whose sha256 goes into the fingerprint (code, data manifests).
+    hash_paths: tuple[str, ...] = ()
+    #: A fingerprint JSON (``preflight fingerprint --json``) the node must match.
+    golden: str | None = None
+    #: Interpreter whose environment is fingerprinted (the training venv); None = this one.
+    python: str | None = None
+    #: All-reduce floor in GB/s (1e9 B/s) at the largest size; None = built-in table.
+    min_busbw_gbps: float | None = None
+    #: Largest all-reduce size of the bandwidth test, bytes.
+    bench_max_bytes: int = GiB
+    #: Smallest all-reduce size of the bandwidth test, bytes.
+    bench_min_bytes: int = 1 * MiB
+    #: Deadline of the whole bandwidth test, seconds.
+    bench_timeout_s: float = 120.0
+    #: Treat the job as multi-node even when WORLD_SIZE does not say so.
+    multi_node: bool = False
+    #: On non-master nodes, try a TCP connect to MASTER_ADDR:MASTER_PORT.
+    probe_master: bool = False
+    #: Daemon: seconds between node-check runs.
+    interval_s: float = 60.0
+    #: Daemon: seconds between bandwidth tests (only when no job uses the GPUs).
+    bandwidth_interval_s: float = 3600.0
+    #: Daemon: where to listen.
+    listen: str = "127.0.0.1:9857"
+
+    def replace(self, **changes: Any) -> Config:
+        return validate(dataclasses.replace(self, **changes), source="arguments")
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+_HINTS = typing.get_type_hints(Config)
+
+
+def _coerce(key: str, value: Any, source: str, *, from_text: bool) -> Any:
+    """Turn ``value`` into the type of ``Config.<key>`` or raise ConfigError naming key and source."""
+    hint = _HINTS[key]
+    args = typing.get_args(hint)
+    optional = (typing.get_origin(hint) in (typing.Union, types.UnionType)) and type(None) in args
+    base = next((a for a in args if a is not type(None)), hint) if optional else hint
+    if value is None or (from_text and optional and value in ("", "none", "null")):
+        if optional:
+            return None
+        raise ConfigError(f"{source}: {key} must not be empty")
+    want = typing.get_origin(base) or base
+    try:
+        if want is tuple:
+            if from_text and isinstance(value, str):
+                value = [v for v in value.split(",") if v]
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+                raise TypeError
+            return tuple(value)
+        if want is bool:
+            if isinstance(value, bool):
+                return value
+            if from_text and isinstance(value, str) and value.lower() in ("1", "true", "yes", "on",
+                                                                          "0", "false", "no", "off"):
+                return value.lower() in ("1", "true", "yes", "on")
+            raise TypeError
+        if want is int:
+            if isinstance(value, bool):
+                raise TypeError
+            if isinstance(value, int):
+                return value
+            if from_text and isinstance(value, str):
+                return int(value.strip(), 0)
+            raise TypeError
+        if want is float:
+            if isinstance(value, bool):
+                raise TypeError
+            if isinstance(value, (int, float)):
+                return float(value)
+            if from_text and isinstance(value, str):
+                return float(value)
+            raise TypeError
+        if want is str:
+            if not isinstance(value, str):
+                raise TypeError
+            return value
+    except (TypeError, ValueError):
+        pass
+    else:  # pragma: no cover - every field type is handled above
+        raise AssertionError(f"unhandled config type {hint}")
+    raise ConfigError(f"{source}: {key} must be {_describe(hint)}, got {value!r}")
+
+
+def _describe(hint: Any) -> str:
+    text = str(hint).replace("typing.", "")
+    return {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
+            "tuple[str, ...]": "a list of strings"}.get(text, text)
+
+
+def validate(config: Config, *, source: str) -> Config:
+    """Range checks that types alone cannot express."""
+    def need(ok: bool, key: str, what: str) -> None:
+        if not ok:
+            raise ConfigError(f"{source}: {key} must be {what}, got {getattr(config, key)!r}")
+
+    need(config.expect_gpus is None or config.expect_gpus >= 0, "expect_gpus", ">= 0")
+    need(config.expect_nvlinks is None or config.expect_nvlinks >= 0, "expect_nvlinks", ">= 0")
+    need(config.check_timeout_s > 0, "check_timeout_s", "> 0")
+    need(config.shm_min_bytes >= 0, "shm_min_bytes", ">= 0")
+    need(config.shm_channels >= 1, "shm_channels", ">= 1")
+    need(config.min_busbw_gbps is None or config.min_busbw_gbps >= 0, "min_busbw_gbps", ">= 0")
+    need(config.bench_min_bytes >= 4, "bench_min_bytes", ">= 4")
+    need(config.bench_max_bytes >= config.bench_min_bytes, "bench_max_bytes", ">= bench_min_bytes")
+    need(config.bench_timeout_s > 0, "bench_timeout_s", "> 0")
+    need(config.interval_s > 0, "interval_s", "> 0")
+    need(config.bandwidth_interval_s > 0, "bandwidth_interval_s", "> 0")
+    need(config.listen.rpartition(":")[2].isdigit(), "listen", "HOST:PORT")
+    return config
+
+
+def from_mapping(data: Mapping[str, Any], *, source: str, base: Config | None = None,
+                 from_text: bool = False) -> Config:
+    """Apply ``data`` over ``base``; unknown keys and wrong types raise ConfigError."""
+    changes = {}
+    for key, value in data.items():
+        if key not in _FIELDS:
+            known = ", ".join(sorted(_FIELDS))
+            raise ConfigError(f"{source}: unknown key {key!r} (known keys: {known})")
+        changes[key] = _coerce(key, value, source, from_text=from_text)
+    return validate(dataclasses.replace(base or Config(), **changes), source=source)
+
+
+def load_file(path: str | Path, *, base: Config | None = None) -> Config:
+    """Read a TOML (``.toml``) or YAML (anything else) file; keys may sit under ``[preflight]``."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read config file: {exc.strerror or exc}") from None
+    try:
+        data: Any = tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{p}: not valid {'TOML' if p.suffix == '.toml' else 'YAML'}: {exc}") \
+            from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a mapping of keys to values at the top level")
+    if set(data) == {"preflight"} and isinstance(data["preflight"], dict):
+        data = data["preflight"]
+    return from_mapping(data, source=str(p), base=base)
+
+
+ENV_PREFIX = "PREFLIGHT_"
+#: Variables with our prefix that are not configuration keys.
+_ENV_NOT_CONFIG = frozenset({"PREFLIGHT_CONFIG", "PREFLIGHT_NVML_FIXTURE", "PREFLIGHT_LOG_LEVEL"})
+
+
+def from_env(env: Mapping[str, str], *, base: Config) -> Config:
+    """Apply ``PREFLIGHT_<KEY>`` overrides (e.g. ``PREFLIGHT_EXPECT_GPUS=8``)."""
+    data = {
+        k[len(ENV_PREFIX):].lower(): v
+        for k, v in env.items()
+        if k.startswith(ENV_PREFIX) and k not in _ENV_NOT_CONFIG
+    }
+    return from_mapping(data, source="environment (PREFLIGHT_*)", base=base, from_text=True)
+
+
+def load(*, path: str | None, env: Mapping[str, str], overrides: Mapping[str, Any]) -> Config:
+    """Defaults < file (``path`` or ``$PREFLIGHT_CONFIG``) < environment < CLI ``overrides``."""
+    config = Config()
+    path = path or env.get("PREFLIGHT_CONFIG") or None
+    if path:
+        config = load_file(path, base=config)
+    config = from_env(env, base=config)
+    return from_mapping({k: v for k, v in overrides.items() if v is not None},
+                        source="command line", base=config)
+
+
+def keys() -> dict[str, Any]:
+    """Every key with its default, for ``--help`` and docs."""
+    return {name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            for name, f in _FIELDS.items() if f.default is not dataclasses.MISSING
+            or f.default_factory is not dataclasses.MISSING}
+
+
+__all__ = ["Config", "ConfigError", "GiB", "MiB", "keys", "load", "load_file"]

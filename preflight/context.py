@@ -1,0 +1,75 @@
+"""What a check is given: config, environment, host paths, probes. Built once per run."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from preflight.config import Config
+from preflight.probes.gpu import FixtureGpuProbe, GpuProbe, GpuSnapshot
+
+T = TypeVar("T")
+
+
+@dataclass
+class Context:
+    """Dependencies of the checks, passed in (tests build one with a fixture GPU probe).
+
+    Attributes:
+        config: validated configuration.
+        env: the environment the job will see (a copy of ``os.environ`` by default).
+        root: where the host's filesystem is mounted (``/``; ``/host`` in a container); every
+            ``/proc``, ``/sys``, ``/dev/shm`` path goes through :meth:`host_path`.
+        gpu_probe: source of GPU facts (NVML, or a fixture).
+    """
+
+    config: Config
+    env: Mapping[str, str]
+    root: Path = Path("/")
+    gpu_probe: GpuProbe | None = None
+    _cache: dict[str, object] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def host_path(self, path: str) -> Path:
+        """``path`` (absolute, e.g. ``/dev/shm``) under the host root."""
+        return self.root / path.lstrip("/")
+
+    def cached(self, key: str, make: Callable[[], T]) -> T:
+        """Compute ``make()`` once per run, shared by the checks that need it (thread-safe)."""
+        with self._lock:
+            lock = self._cache.setdefault(f"lock:{key}", threading.Lock())
+        assert isinstance(lock, type(self._lock))
+        with lock:
+            if key not in self._cache:
+                self._cache[key] = make()
+            return self._cache[key]  # type: ignore[return-value]
+
+    def gpus(self) -> GpuSnapshot:
+        """The GPU snapshot of this run (one NVML pass shared by every check)."""
+        return self.cached("gpus", self._probe_gpus)
+
+    def _probe_gpus(self) -> GpuSnapshot:
+        if self.gpu_probe is None:
+            from preflight.probes.nvml import NvmlGpuProbe
+
+            self.gpu_probe = NvmlGpuProbe(sys_root=self.host_path("/sys"))
+        return self.gpu_probe.snapshot()
+
+
+def default_gpu_probe(env: Mapping[str, str]) -> GpuProbe | None:
+    """A fixture probe when ``PREFLIGHT_NVML_FIXTURE`` names a snapshot file, else None (NVML).
+
+    The fixture replays a captured or made-up node (tests, demos, docs); NVML is used otherwise.
+    """
+    fixture = env.get("PREFLIGHT_NVML_FIXTURE")
+    return FixtureGpuProbe.from_file(fixture) if fixture else None
+
+
+def make_context(config: Config, *, env: Mapping[str, str] | None = None,
+                 root: str | Path = "/") -> Context:
+    env = dict(os.environ if env is None else env)
+    return Context(config=config, env=env, root=Path(root), gpu_probe=default_gpu_probe(env))

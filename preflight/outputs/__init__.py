@@ -1,0 +1,1 @@
+"""Ways to show a Report: table (terminal), JSON, Prometheus."""

@@ -1,0 +1,150 @@
+"""What NVML tells about the node's GPUs, as plain data, and the probe interface.
+
+The data types here carry no behaviour beyond (de)serialisation, so a fixture file (JSON) can stand
+for a whole node in tests and demos (``PREFLIGHT_NVML_FIXTURE``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class PcieLink:
+    """PCIe link state: a link trained below its maximum halves (or worse) host<->GPU bandwidth."""
+
+    gen: int
+    max_gen: int
+    width: int
+    max_width: int
+
+
+@dataclass(frozen=True)
+class NvLink:
+    """One NVLink of a GPU. ``remote_bus_id`` is the peer's PCI bus id when NVML knows it."""
+
+    link: int
+    active: bool
+    remote_bus_id: str | None = None
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    uuid: str
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One physical GPU as NVML sees it (``index`` is NVML's index, i.e. PCI bus order).
+
+    ``error`` is set when the GPU did not answer (GPU lost, NVML error); the other fields then hold
+    what could still be read. ``None`` means "not supported / not readable", never "healthy".
+    """
+
+    index: int
+    uuid: str
+    pci_bus_id: str
+    name: str = ""
+    memory_total_bytes: int | None = None
+    error: str | None = None
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    ecc_uncorrectable_volatile: int | None = None
+    throttle_reasons: tuple[str, ...] = ()
+    pcie: PcieLink | None = None
+    nvlinks: tuple[NvLink, ...] = ()
+    #: per-link, per-direction NVLink bandwidth in bytes/s, when known
+    nvlink_link_bytes_per_second: float | None = None
+    mig_enabled: bool = False
+    mig_instances: tuple[MigInstance, ...] = ()
+    compute_pids: tuple[int, ...] = ()
+
+    @property
+    def active_nvlinks(self) -> int:
+        return sum(1 for link in self.nvlinks if link.active)
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    """The node's GPUs at one moment.
+
+    Attributes:
+        available: NVML could be initialised.
+        error: why NVML is not available (no driver, library missing...).
+        driver_version: e.g. "570.124.06".
+        cuda_driver_version: CUDA version the driver supports, as NVML gives it (12080 = 12.8).
+        gpus: one entry per NVML index, including the ones that did not answer.
+        pci_gpu_bus_ids: NVIDIA display/3D controllers found on the PCI bus (sysfs); a GPU there but
+            absent from NVML has fallen off the bus or is not bound to the driver.
+    """
+
+    available: bool
+    error: str | None = None
+    driver_version: str | None = None
+    cuda_driver_version: int | None = None
+    nvml_version: str | None = None
+    gpus: tuple[Gpu, ...] = ()
+    pci_gpu_bus_ids: tuple[str, ...] = field(default=())
+
+    def by_uuid(self, uuid: str) -> Gpu | None:
+        for gpu in self.gpus:
+            if gpu.uuid == uuid:
+                return gpu
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> GpuSnapshot:
+        gpus = []
+        for g in data.get("gpus", ()):
+            g = dict(g)
+            pcie = g.pop("pcie", None)
+            nvlinks = g.pop("nvlinks", ())
+            mig = g.pop("mig_instances", ())
+            gpus.append(
+                Gpu(
+                    **{k: v for k, v in g.items() if k not in ("throttle_reasons", "compute_pids")},
+                    throttle_reasons=tuple(g.get("throttle_reasons", ())),
+                    compute_pids=tuple(g.get("compute_pids", ())),
+                    pcie=PcieLink(**pcie) if pcie else None,
+                    nvlinks=tuple(NvLink(**link) for link in nvlinks),
+                    mig_instances=tuple(MigInstance(**m) for m in mig),
+                )
+            )
+        return cls(
+            available=bool(data["available"]),
+            error=data.get("error"),
+            driver_version=data.get("driver_version"),
+            cuda_driver_version=data.get("cuda_driver_version"),
+            nvml_version=data.get("nvml_version"),
+            gpus=tuple(gpus),
+            pci_gpu_bus_ids=tuple(data.get("pci_gpu_bus_ids", ())),
+        )
+
+
+class GpuProbe(Protocol):
+    """Anything that can tell what GPUs the node has (real NVML, or a fixture in tests)."""
+
+    def snapshot(self) -> GpuSnapshot: ...
+
+
+class FixtureGpuProbe:
+    """A probe that answers from a fixed snapshot: tests, demos, and replaying a captured node."""
+
+    def __init__(self, snapshot: GpuSnapshot) -> None:
+        self._snapshot = snapshot
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> FixtureGpuProbe:
+        return cls(GpuSnapshot.from_json(json.loads(Path(path).read_text())))
+
+    def snapshot(self) -> GpuSnapshot:
+        return self._snapshot

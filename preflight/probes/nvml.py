@@ -1,0 +1,212 @@
+"""The real GPU probe, through NVML (``nvidia-ml-py``, imported as ``pynvml``).
+
+Callers never touch pynvml: this module initialises it, decodes bytes, maps NVML errors to text and
+returns a :class:`~preflight.probes.gpu.GpuSnapshot`. A call that is not supported on a GPU gives
+``None`` for that field, never an exception.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from preflight.pci import normalize_bus_id
+from preflight.probes.gpu import Gpu, GpuSnapshot, MigInstance, NvLink, PcieLink
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: NVML clock-event reason bits that mean the hardware is slowing the GPU down (nvml.h).
+_SLOWDOWN_BITS = {
+    0x0000000000000008: "HwSlowdown",
+    0x0000000000000020: "SwThermalSlowdown",
+    0x0000000000000040: "HwThermalSlowdown",
+    0x0000000000000080: "HwPowerBrakeSlowdown",
+}
+
+#: Per-link, per-direction NVLink bandwidth by NVLink version, bytes/s, when NVML gives no speed
+#: field: V100 NVLink2 25 GB/s, A100 NVLink3 25 GB/s (12 links = 300), H100/H200 NVLink4 25 GB/s
+#: (18 links = 450), B200 NVLink5 50 GB/s (18 links = 900). NVIDIA product briefs.
+_NVLINK_LINK_BYTES_PER_SECOND = {2: 25e9, 3: 25e9, 4: 25e9, 5: 50e9}
+_NVLINK_MAX_LINKS = 18
+
+_init_lock = threading.Lock()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def scan_pci_gpus(sys_root: Path) -> tuple[str, ...]:
+    """Bus ids of NVIDIA display / 3D controllers under ``<sys_root>/bus/pci/devices``."""
+    found = []
+    devices = sys_root / "bus" / "pci" / "devices"
+    try:
+        entries = sorted(devices.iterdir())
+    except OSError:
+        return ()
+    for dev in entries:
+        try:
+            vendor = (dev / "vendor").read_text().strip().lower()
+            klass = (dev / "class").read_text().strip().lower()
+        except OSError:
+            continue
+        # 0x0300xx VGA controller, 0x0302xx 3D controller (data-centre GPUs).
+        if vendor == "0x10de" and klass[:6] in ("0x0300", "0x0302"):
+            found.append(normalize_bus_id(dev.name))
+    return tuple(found)
+
+
+class NvmlGpuProbe:
+    """Reads every GPU through NVML. ``sys_root`` is the host's /sys (``--root`` aware)."""
+
+    def __init__(self, *, sys_root: Path = Path("/sys")) -> None:
+        self._sys_root = sys_root
+
+    def snapshot(self) -> GpuSnapshot:
+        pci_ids = scan_pci_gpus(self._sys_root)
+        try:
+            import pynvml
+        except ImportError as exc:  # pragma: no cover - dependency missing
+            return GpuSnapshot(available=False, error=f"nvidia-ml-py not installed: {exc}",
+                               pci_gpu_bus_ids=pci_ids)
+        try:
+            with _init_lock:
+                pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            return GpuSnapshot(available=False, error=_init_error(pynvml, exc),
+                               pci_gpu_bus_ids=pci_ids)
+        try:
+            return self._read(pynvml, pci_ids)
+        finally:
+            try:
+                pynvml.nvmlShutdown()
+            except pynvml.NVMLError:  # pragma: no cover
+                pass
+
+    def _read(self, nv: Any, pci_ids: tuple[str, ...]) -> GpuSnapshot:
+        def opt(fn: Callable[..., T], *args: Any) -> T | None:
+            try:
+                return fn(*args)
+            except nv.NVMLError:
+                return None
+
+        count = nv.nvmlDeviceGetCount()
+        gpus = [self._gpu(nv, opt, i) for i in range(count)]
+        driver = opt(nv.nvmlSystemGetDriverVersion)
+        nvml_version = opt(nv.nvmlSystemGetNVMLVersion)
+        return GpuSnapshot(
+            available=True,
+            driver_version=_text(driver) if driver is not None else None,
+            cuda_driver_version=opt(nv.nvmlSystemGetCudaDriverVersion),
+            nvml_version=_text(nvml_version) if nvml_version is not None else None,
+            gpus=tuple(gpus),
+            pci_gpu_bus_ids=pci_ids,
+        )
+
+    def _gpu(self, nv: Any, opt: Callable[..., Any], index: int) -> Gpu:
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+        except nv.NVMLError as exc:
+            return Gpu(index=index, uuid="", pci_bus_id="", error=f"NVML: {exc}")
+        try:
+            uuid = _text(nv.nvmlDeviceGetUUID(handle))
+            bus_id = normalize_bus_id(_text(nv.nvmlDeviceGetPciInfo(handle).busId))
+        except nv.NVMLError as exc:
+            return Gpu(index=index, uuid="", pci_bus_id="", error=f"NVML: {exc}")
+        name = opt(nv.nvmlDeviceGetName, handle)
+        mem = opt(nv.nvmlDeviceGetMemoryInfo, handle)
+        remap = opt(nv.nvmlDeviceGetRemappedRows, handle)
+        ecc = opt(nv.nvmlDeviceGetTotalEccErrors, handle,
+                  nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)
+        reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        reasons = opt(reasons_fn, handle) or 0
+        pcie = self._pcie(nv, opt, handle)
+        nvlinks, link_speed = self._nvlinks(nv, opt, handle)
+        mig_mode = opt(nv.nvmlDeviceGetMigMode, handle)
+        mig_enabled = bool(mig_mode and mig_mode[0] == nv.NVML_DEVICE_MIG_ENABLE)
+        procs = opt(nv.nvmlDeviceGetComputeRunningProcesses, handle) or []
+        # A GPU that answered the handle but fails a plain query has usually fallen off the bus.
+        error = None
+        if opt(nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU) is None and mem is None:
+            error = "NVML: GPU does not answer queries (temperature and memory both failed)"
+        return Gpu(
+            index=index,
+            uuid=uuid,
+            pci_bus_id=bus_id,
+            name=_text(name) if name is not None else "",
+            memory_total_bytes=int(mem.total) if mem is not None else None,
+            error=error,
+            remap_pending=bool(remap[2]) if remap is not None else None,
+            remap_failure=bool(remap[3]) if remap is not None else None,
+            ecc_uncorrectable_volatile=int(ecc) if ecc is not None else None,
+            throttle_reasons=tuple(n for bit, n in _SLOWDOWN_BITS.items() if reasons & bit),
+            pcie=pcie,
+            nvlinks=nvlinks,
+            nvlink_link_bytes_per_second=link_speed,
+            mig_enabled=mig_enabled,
+            mig_instances=self._mig(nv, opt, handle) if mig_enabled else (),
+            compute_pids=tuple(int(p.pid) for p in procs),
+        )
+
+    @staticmethod
+    def _pcie(nv: Any, opt: Callable[..., Any], handle: Any) -> PcieLink | None:
+        gen = opt(nv.nvmlDeviceGetCurrPcieLinkGeneration, handle)
+        max_gen = opt(nv.nvmlDeviceGetMaxPcieLinkGeneration, handle)
+        width = opt(nv.nvmlDeviceGetCurrPcieLinkWidth, handle)
+        max_width = opt(nv.nvmlDeviceGetMaxPcieLinkWidth, handle)
+        if None in (gen, max_gen, width, max_width):
+            return None
+        return PcieLink(gen=int(gen), max_gen=int(max_gen), width=int(width),
+                        max_width=int(max_width))
+
+    @staticmethod
+    def _nvlinks(nv: Any, opt: Callable[..., Any],
+                 handle: Any) -> tuple[tuple[NvLink, ...], float | None]:
+        links = []
+        version = None
+        for link in range(_NVLINK_MAX_LINKS):
+            state = opt(nv.nvmlDeviceGetNvLinkState, handle, link)
+            if state is None:
+                continue
+            active = state == nv.NVML_FEATURE_ENABLED
+            remote = None
+            if active:
+                info = opt(nv.nvmlDeviceGetNvLinkRemotePciInfo, handle, link)
+                if info is not None:
+                    remote = normalize_bus_id(_text(info.busId))
+                version = version or opt(nv.nvmlDeviceGetNvLinkVersion, handle, link)
+            links.append(NvLink(link=link, active=active, remote_bus_id=remote))
+        speed = _NVLINK_LINK_BYTES_PER_SECOND.get(int(version)) if version else None
+        return tuple(links), speed
+
+    @staticmethod
+    def _mig(nv: Any, opt: Callable[..., Any], handle: Any) -> tuple[MigInstance, ...]:
+        out = []
+        for i in range(opt(nv.nvmlDeviceGetMaxMigDeviceCount, handle) or 0):
+            mig = opt(nv.nvmlDeviceGetMigDeviceHandleByIndex, handle, i)
+            if mig is None:
+                continue
+            uuid = opt(nv.nvmlDeviceGetUUID, mig)
+            if uuid is None:
+                continue
+            out.append(MigInstance(uuid=_text(uuid),
+                                   gpu_instance=opt(nv.nvmlDeviceGetGpuInstanceId, mig),
+                                   compute_instance=opt(nv.nvmlDeviceGetComputeInstanceId, mig)))
+        return tuple(out)
+
+
+def _init_error(nv: Any, exc: Exception) -> str:
+    code = getattr(exc, "value", None)
+    if code == getattr(nv, "NVML_ERROR_LIBRARY_NOT_FOUND", object()):
+        return ("NVML not available: libnvidia-ml.so.1 not found, no NVIDIA driver on this node "
+                "(or the container lacks NVIDIA_DRIVER_CAPABILITIES=utility)")
+    if code == getattr(nv, "NVML_ERROR_DRIVER_NOT_LOADED", object()):
+        return "NVML not available: the NVIDIA kernel driver is not loaded (nvidia.ko)"
+    if code == getattr(nv, "NVML_ERROR_NO_PERMISSION", object()):
+        return "NVML not available: no permission to open /dev/nvidiactl"
+    return f"NVML not available: {exc}"

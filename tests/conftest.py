@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import pytest
+
+from preflight.config import Config
+from preflight.context import Context
+from preflight.probes.gpu import FixtureGpuProbe, GpuSnapshot
+from tests import topologies
+
+MakeCtx = Callable[..., Context]
+
+
+@pytest.fixture
+def make_ctx(tmp_path: Path) -> MakeCtx:
+    """Build a Context: fixture GPUs (default 8x H100), an explicit env, a config."""
+
+    def make(*, env: Mapping[str, str] | None = None, snapshot: GpuSnapshot | None = None,
+             config: Config | None = None, root: Path | str = "/", **config_changes: object
+             ) -> Context:
+        cfg = config or Config()
+        if config_changes:
+            cfg = cfg.replace(**config_changes)
+        return Context(config=cfg, env=dict(env or {}), root=Path(root),
+                       gpu_probe=FixtureGpuProbe(snapshot or topologies.healthy_8x_h100()))
+
+    return make

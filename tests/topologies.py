@@ -83,11 +83,10 @@ def mig(instances: int = 2) -> GpuSnapshot:
 def cuda_order_differs() -> GpuSnapshot:
     """A mixed node: an H100 at the higher bus id and a slower card at the lower one, so CUDA's
     default FASTEST_FIRST order differs from NVML's PCI order."""
-    slow = dataclasses.replace(h100(0, "0000:18:00.0"), name="NVIDIA RTX A2000", links=0) \
-        if False else dataclasses.replace(
-            h100(0, "0000:18:00.0"), name="NVIDIA RTX A2000", memory_total_bytes=6_000_000_000,
-            nvlinks=(), nvlink_link_bytes_per_second=None,
-            pcie=PcieLink(gen=4, max_gen=4, width=16, max_width=16))
+    slow = dataclasses.replace(
+        h100(0, "0000:18:00.0"), name="NVIDIA RTX A2000", memory_total_bytes=6_000_000_000,
+        nvlinks=(), nvlink_link_bytes_per_second=None,
+        pcie=PcieLink(gen=4, max_gen=4, width=16, max_width=16))
     return snapshot([slow, h100(1, "0000:3a:00.0", links=0)])
 
 

@@ -1,4 +1,4 @@
-"""Configuration: named defaults, then a file (TOML or YAML), then ``PREFLIGHT_*`` variables, then CLI.
+"""Configuration: named defaults < a file (TOML or YAML) < ``PREFLIGHT_*`` variables < the CLI.
 
 Loaded once, validated at start: an unknown key or a wrong type is a :class:`ConfigError` that names
 the key and where it came from, and the CLI exits 2 on it.
@@ -87,7 +87,7 @@ _HINTS = typing.get_type_hints(Config)
 
 
 def _coerce(key: str, value: Any, source: str, *, from_text: bool) -> Any:
-    """Turn ``value`` into the type of ``Config.<key>`` or raise ConfigError naming key and source."""
+    """``value`` as the type of ``Config.<key>``, or ConfigError naming the key and source."""
     hint = _HINTS[key]
     args = typing.get_args(hint)
     optional = (typing.get_origin(hint) in (typing.Union, types.UnionType)) and type(None) in args
@@ -107,9 +107,10 @@ def _coerce(key: str, value: Any, source: str, *, from_text: bool) -> Any:
         if want is bool:
             if isinstance(value, bool):
                 return value
-            if from_text and isinstance(value, str) and value.lower() in ("1", "true", "yes", "on",
-                                                                          "0", "false", "no", "off"):
-                return value.lower() in ("1", "true", "yes", "on")
+            words = {"1": True, "true": True, "yes": True, "on": True,
+                     "0": False, "false": False, "no": False, "off": False}
+            if from_text and isinstance(value, str) and value.strip().lower() in words:
+                return words[value.strip().lower()]
             raise TypeError
         if want is int:
             if isinstance(value, bool):
@@ -224,11 +225,4 @@ def load(*, path: str | None, env: Mapping[str, str], overrides: Mapping[str, An
                         source="command line", base=config)
 
 
-def keys() -> dict[str, Any]:
-    """Every key with its default, for ``--help`` and docs."""
-    return {name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            for name, f in _FIELDS.items() if f.default is not dataclasses.MISSING
-            or f.default_factory is not dataclasses.MISSING}
-
-
-__all__ = ["Config", "ConfigError", "GiB", "MiB", "keys", "load", "load_file"]
+__all__ = ["Config", "ConfigError", "GiB", "MiB", "load", "load_file"]

@@ -15,10 +15,6 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 
-#: JSON-able scalar values allowed in ``Result.details``.
-Detail = str | int | float | bool | None | list[Any] | dict[str, Any]
-
-
 class Status(enum.IntEnum):
     """Ordered so that ``max()`` gives the worst: PASS < SKIP < WARN < ERROR < FAIL."""
 
@@ -60,7 +56,7 @@ class Result:
     reason: str
     message: str
     remedy: str = ""
-    details: Mapping[str, Detail] = field(default_factory=dict)
+    details: Mapping[str, Any] = field(default_factory=dict)
     duration_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:

@@ -11,6 +11,7 @@ peers = local GPUs - 1 (nccl.md section 6). Both the size and the free space mus
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 
@@ -53,10 +54,8 @@ def run(ctx: Context) -> Result:
                       "Mount /dev/shm read-write (tmpfs, mode 1777) for the job's user. " + REMEDY,
                       details={"path": str(path), "errno": exc.errno})
     finally:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             probe.unlink()
-        except FileNotFoundError:
-            pass
     st = os.statvfs(path)
     size = st.f_blocks * st.f_frsize
     free = st.f_bavail * st.f_frsize

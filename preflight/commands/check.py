@@ -49,7 +49,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="all-reduce bus bandwidth floor in GB/s (default: built-in table per GPU "
                         "model and count)")
     p.add_argument("--timeout", type=float, metavar="S", dest="check_timeout_s",
-                   help="deadline of each check in seconds (default 10; the all-reduce has its own)")
+                   help="deadline of each check in seconds (default 10; the all-reduce has "
+                        "its own)")
     p.add_argument("--prom-file", metavar="PATH",
                    help="also write the metrics in node_exporter textfile format to PATH "
                         "(atomically: temp file + rename)")

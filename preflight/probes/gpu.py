@@ -104,8 +104,8 @@ class GpuSnapshot:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> GpuSnapshot:
         gpus = []
-        for g in data.get("gpus", ()):
-            g = dict(g)
+        for raw in data.get("gpus", ()):
+            g = dict(raw)
             pcie = g.pop("pcie", None)
             nvlinks = g.pop("nvlinks", ())
             mig = g.pop("mig_instances", ())

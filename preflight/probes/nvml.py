@@ -7,6 +7,7 @@ returns a :class:`~preflight.probes.gpu.GpuSnapshot`. A call that is not support
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -82,10 +83,8 @@ class NvmlGpuProbe:
         try:
             return self._read(pynvml, pci_ids)
         finally:
-            try:
+            with contextlib.suppress(pynvml.NVMLError):
                 pynvml.nvmlShutdown()
-            except pynvml.NVMLError:  # pragma: no cover
-                pass
 
     def _read(self, nv: Any, pci_ids: tuple[str, ...]) -> GpuSnapshot:
         def opt(fn: Callable[..., T], *args: Any) -> T | None:
@@ -132,7 +131,8 @@ class NvmlGpuProbe:
         procs = opt(nv.nvmlDeviceGetComputeRunningProcesses, handle) or []
         # A GPU that answered the handle but fails a plain query has usually fallen off the bus.
         error = None
-        if opt(nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU) is None and mem is None:
+        temperature = opt(nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)
+        if temperature is None and mem is None:
             error = "NVML: GPU does not answer queries (temperature and memory both failed)"
         return Gpu(
             index=index,

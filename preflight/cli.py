@@ -69,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in SUBCOMMAND_MODULES:
         importlib.import_module(name).add_parser(sub)
+    for command in sub.choices.values():
+        # Also accepted after the subcommand (`preflight check --log-level debug`).
+        command.add_argument("--log-level", default=argparse.SUPPRESS,
+                             choices=("debug", "info", "warning", "error"),
+                             help="verbosity of the log on stderr (default: warning)")
     return parser
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from preflight.config import Config
-from preflight.probes.gpu import FixtureGpuProbe, GpuProbe, GpuSnapshot
+from preflight.probes.gpu import FixtureFileGpuProbe, GpuProbe, GpuSnapshot
 
 T = TypeVar("T")
 
@@ -66,7 +66,7 @@ def default_gpu_probe(env: Mapping[str, str]) -> GpuProbe | None:
     The fixture replays a captured or made-up node (tests, demos, docs); NVML is used otherwise.
     """
     fixture = env.get("PREFLIGHT_NVML_FIXTURE")
-    return FixtureGpuProbe.from_file(fixture) if fixture else None
+    return FixtureFileGpuProbe(fixture) if fixture else None
 
 
 def make_context(config: Config, *, env: Mapping[str, str] | None = None,

@@ -27,3 +27,13 @@ def make_ctx(tmp_path: Path) -> MakeCtx:
                        gpu_probe=FixtureGpuProbe(snapshot or topologies.healthy_8x_h100()))
 
     return make
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true",
+                     help="rewrite the golden files under tests/golden/ from the current output")
+
+
+@pytest.fixture
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--update-golden"))

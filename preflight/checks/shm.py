@@ -44,16 +44,19 @@ def run(ctx: Context) -> Result:
     probe = path / f".preflight-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        try:
-            os.write(fd, b"\0" * 4096)
-        finally:
-            os.close(fd)
     except OSError as exc:
         return Result(NAME, Status.FAIL, "ShmNotWritable",
                       f"cannot create a file in {path}: {exc.strerror or exc}",
                       "Mount /dev/shm read-write (tmpfs, mode 1777) for the job's user. " + REMEDY,
                       details={"path": str(path), "errno": exc.errno})
+    try:
+        os.write(fd, b"\0" * 4096)
+    except OSError as exc:
+        return Result(NAME, Status.FAIL, "ShmFull",
+                      f"cannot write 4 KiB to {path}: {exc.strerror or exc}", REMEDY,
+                      details={"path": str(path), "errno": exc.errno})
     finally:
+        os.close(fd)
         with contextlib.suppress(FileNotFoundError):
             probe.unlink()
     st = os.statvfs(path)

@@ -142,9 +142,18 @@ class FixtureGpuProbe:
     def __init__(self, snapshot: GpuSnapshot) -> None:
         self._snapshot = snapshot
 
-    @classmethod
-    def from_file(cls, path: str | Path) -> FixtureGpuProbe:
-        return cls(GpuSnapshot.from_json(json.loads(Path(path).read_text())))
-
     def snapshot(self) -> GpuSnapshot:
         return self._snapshot
+
+
+class FixtureFileGpuProbe:
+    """Answers from a snapshot JSON file, read when asked (so a bad file is that check's ERROR)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def snapshot(self) -> GpuSnapshot:
+        try:
+            return GpuSnapshot.from_json(json.loads(self.path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise RuntimeError(f"NVML fixture {self.path} unusable: {exc}") from exc

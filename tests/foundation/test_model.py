@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import pytest
+
+from preflight.model import ExitCode, Report, Result, Status, exit_code, worst
+
+
+def test_statuses_order_worst_wins() -> None:
+    assert worst([Status.PASS, Status.SKIP]) is Status.SKIP
+    assert worst([Status.WARN, Status.ERROR, Status.PASS]) is Status.ERROR
+    assert worst([Status.ERROR, Status.FAIL]) is Status.FAIL
+    assert worst([]) is Status.PASS
+
+
+@pytest.mark.parametrize(("status", "strict", "code"), [
+    (Status.PASS, False, ExitCode.OK),
+    (Status.SKIP, False, ExitCode.OK),
+    (Status.WARN, False, ExitCode.OK),
+    (Status.WARN, True, ExitCode.FAILED),
+    (Status.ERROR, False, ExitCode.UNDECIDED),
+    (Status.ERROR, True, ExitCode.UNDECIDED),
+    (Status.FAIL, False, ExitCode.FAILED),
+])
+def test_exit_code_contract(status: Status, strict: bool, code: ExitCode) -> None:
+    assert exit_code(status, strict=strict) is code
+
+
+def test_report_json_round_trip_uses_lower_case_statuses() -> None:
+    report = Report(results=(
+        Result("shm", Status.FAIL, "ShmTooSmall", "/dev/shm is 64 MiB", "--shm-size=16g",
+               {"size_bytes": 64 << 20}),
+        Result("nccl_env", Status.PASS, "NcclEnvOk", "fine"),
+    ), host="node1", timestamp_s=1.0, version="0.1.0")
+    data = report.to_json()
+    assert data["schema_version"] == 1
+    assert data["status"] == "fail"
+    assert [r["status"] for r in data["results"]] == ["fail", "pass"]
+    back = Report.from_json(data)
+    assert back.results == report.results
+    assert back.status is Status.FAIL
+
+
+def test_report_from_json_rejects_other_schema() -> None:
+    with pytest.raises(ValueError, match="schema_version"):
+        Report.from_json({"schema_version": 99, "results": []})

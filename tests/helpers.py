@@ -1,0 +1,45 @@
+"""Running the real CLI as a subprocess, with a fixture GPU node."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from preflight.probes.gpu import GpuSnapshot
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write_fixture(path: Path, snapshot: GpuSnapshot) -> Path:
+    path.write_text(json.dumps(snapshot.to_json()))
+    return path
+
+
+def run_cli(args: Sequence[str], *, env: Mapping[str, str] | None = None,
+            fixture: Path | None = None, timeout: float = 60,
+            input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m preflight ARGS`` with a clean environment (no job variables leak in)."""
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("NCCL_", "TORCH_", "SLURM_", "PREFLIGHT_", "CUDA_", "GLOO_"))
+            and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                          "MASTER_PORT", "GROUP_RANK")}
+    base["PYTHONPATH"] = str(REPO)
+    if fixture is not None:
+        base["PREFLIGHT_NVML_FIXTURE"] = str(fixture)
+    base.update(env or {})
+    return subprocess.run([sys.executable, "-m", "preflight", *args], env=base, text=True,
+                          capture_output=True, timeout=timeout, input=input_text, check=False)
+
+
+def cli_json(args: Sequence[str], **kwargs: Any) -> tuple[int, dict[str, Any]]:
+    proc = run_cli([*args, "--json"], **kwargs)
+    try:
+        return proc.returncode, json.loads(proc.stdout)
+    except json.JSONDecodeError as exc:
+        raise AssertionError(f"not JSON (rc={proc.returncode}): {proc.stdout!r} "
+                             f"stderr={proc.stderr!r}") from exc

@@ -1,0 +1,121 @@
+"""``versions``: this node's environment fingerprint, and whether it matches the golden one.
+
+What: python, torch and the CUDA it was built with, cuDNN, NCCL (``ncclGetVersion``), the driver,
+the watched packages and optional sha256 of code/data paths (see :mod:`preflight.fingerprint`),
+read without importing torch. With a golden fingerprint (``--golden FILE``), every difference is
+named: ``scikit-learn: 1.5.0 on this node, 1.3.2 in golden``.
+
+Why: torchrun does not synchronise files, datasets or Python environments between nodes. The
+article's author had scikit-learn differing between two machines: preprocessing differed slightly,
+and after gradient sync the loss began to swing after 200 steps; three days to find. NCCL versions
+that differ across nodes can also hang or fail the first collective.
+
+Verdicts:
+    PASS ``VersionsMatch`` (golden given, same) / ``VersionsRecorded`` (no golden) with a summary
+    (torch X, CUDA Y, NCCL Z, driver D).
+    FAIL ``VersionsDiffer``: differences from golden, with a pip command to converge.
+    FAIL ``PythonMissing`` / ``PythonBroken``: the training interpreter (``--python``) does not
+    exist or does not start on this node; a job would fail the same way.
+    WARN ``HashPathProblem`` (no golden): a ``hash_paths`` entry is missing, unreadable or too big.
+    ERROR ``GoldenUnreadable``: the golden file cannot be read or is not a fingerprint. This is an
+    operator's configuration mistake, identical on every node: FAIL would drain every node for it,
+    while ERROR says "could not decide" (exit 3) and names the file. ``preflight fingerprint
+    --json > FILE`` on a good node makes a valid one.
+    A timeout of the target interpreter raises, so the runner reports ERROR (could not tell).
+
+Knobs: ``golden`` (None), ``python`` (None = this interpreter), ``watched_packages`` (torch, numpy,
+scikit-learn, transformers, accelerate, deepspeed, triton, nvidia-nccl-*, nvidia-cudnn-*),
+``hash_paths`` (none).
+
+The fingerprint goes into ``details["fingerprint"]`` (the runner lifts it into
+``Report.fingerprint``); it is gathered once per run through ``ctx.cached("fingerprint")``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from preflight import fingerprint as fpmod
+from preflight.context import Context
+from preflight.model import Result, Status
+from preflight.probes.pyenv import PyEnvError
+
+NAME = "versions"
+#: Differences quoted in the message; the rest are in details.
+MAX_LISTED = 8
+
+
+def fingerprint_of(ctx: Context) -> dict[str, Any]:
+    """This run's fingerprint, gathered once and shared (the check, the report, the metrics)."""
+    return ctx.cached("fingerprint", lambda: fpmod.gather(ctx))
+
+
+def _remedy(diffs: list[fpmod.Difference], python: str | None) -> str:
+    pins = [f"{d.key}=={d.b}" for d in diffs if d.kind == "package" and d.b is not None]
+    extra = [d.key for d in diffs if d.kind == "package" and d.b is None]
+    other = [d.key for d in diffs if d.kind != "package"]
+    steps = []
+    if pins:
+        py = shlex.quote(python) if python else "python"
+        steps.append(f"{py} -m pip install " + " ".join(shlex.quote(p) for p in pins))
+    if extra:
+        steps.append(f"remove {', '.join(extra)} (not installed on the golden node)")
+    if other:
+        steps.append(f"align {', '.join(other)} with the golden node (same image, driver and "
+                     "code everywhere)")
+    return ("; ".join(steps) + ". Better: build every node from one image or lockfile, then "
+            "refresh the golden file with: preflight fingerprint --json > golden.json")
+
+
+def run(ctx: Context) -> Result:
+    cfg = ctx.config
+    try:
+        fp = fingerprint_of(ctx)
+    except PyEnvError as exc:
+        if exc.kind == "timeout":
+            raise
+        missing = exc.kind == "missing"
+        return Result(
+            NAME, Status.FAIL, "PythonMissing" if missing else "PythonBroken",
+            f"training interpreter: {exc}",
+            f"Install or mount the training environment at {cfg.python} on this node (a shared "
+            "venv that is not mounted looks like this), or fix the python key / --python."
+            if missing else f"Run {cfg.python} -c 'import sys' on this node and repair what it "
+            "prints; a job launched with it would fail the same way.",
+            details={"python": cfg.python})
+
+    details: dict[str, Any] = {"sha256": fp["sha256"], "fingerprint": fp}
+    summary = fpmod.summary(fp)
+    if cfg.golden:
+        details["golden"] = cfg.golden
+        try:
+            golden = fpmod.load(cfg.golden)
+        except fpmod.FingerprintError as exc:
+            return Result(NAME, Status.ERROR, "GoldenUnreadable",
+                          f"cannot compare with the golden fingerprint: {exc}",
+                          f"Fix the golden key / --golden: make the file on a known-good node "
+                          f"with: preflight fingerprint --json > {shlex.quote(cfg.golden)}",
+                          details=details)
+        diffs = fpmod.diff(fp, golden)
+        if diffs:
+            details["differences"] = [d.to_json() for d in diffs]
+            listed = "; ".join(d.describe("on this node", "in golden") for d in diffs[:MAX_LISTED])
+            more = f"; and {len(diffs) - MAX_LISTED} more" if len(diffs) > MAX_LISTED else ""
+            return Result(NAME, Status.FAIL, "VersionsDiffer",
+                          f"{len(diffs)} difference{'s' if len(diffs) != 1 else ''} from golden "
+                          f"{cfg.golden}: {listed}{more}",
+                          _remedy(diffs, cfg.python), details=details)
+        return Result(NAME, Status.PASS, "VersionsMatch",
+                      f"matches golden {cfg.golden} (sha256 {fp['sha256'][:12]}): {summary}",
+                      details=details)
+    bad = {p: h for p, h in fp["hashes"].items() if h.startswith("<")}
+    if bad:
+        return Result(NAME, Status.WARN, "HashPathProblem",
+                      "hash_paths without a hash: " + "; ".join(f"{p}: {h}" for p, h in
+                                                                bad.items()),
+                      "Fix or remove these hash_paths entries; for a big dataset hash its "
+                      "manifest file instead of the tree.", details=details)
+    return Result(NAME, Status.PASS, "VersionsRecorded",
+                  f"{summary} (sha256 {fp['sha256'][:12]}; no golden file to compare with)",
+                  details=details)

@@ -115,3 +115,17 @@ def test_several_problems_are_all_reported_worst_first(make_ctx: MakeCtx) -> Non
     r = gpu_visible.run(make_ctx(snapshot=dataclasses.replace(snap, gpus=tuple(gpus))))
     assert (r.status, r.reason) == (Status.FAIL, "EccUncorrectable")
     assert r.message.index("uncorrectable ECC") < r.message.index("HwSlowdown")
+
+
+def test_real_h200_vm_snapshot_passes(make_ctx: MakeCtx) -> None:
+    """The NVML snapshot captured on the lent H200 VM (2026-11-29): NVML reports no NVLink there."""
+    import json
+
+    from preflight.probes.gpu import GpuSnapshot
+    from tests.helpers import REPO
+
+    snap = GpuSnapshot.from_json(json.loads(
+        (REPO / "tests/fixtures/nvml_h200_vm.json").read_text()))
+    r = gpu_visible.run(make_ctx(snapshot=snap))
+    assert r.status is Status.PASS
+    assert r.message == "1 GPU: NVIDIA H200; driver 580.159.04; PCIe Gen5 x16"

@@ -1,0 +1,322 @@
+"""Prometheus metrics from a Report: the daemon's ``/metrics`` and ``check --prom-file``.
+
+A :class:`ReportCollector` yields metric families from a snapshot it is handed (the daemon's cached
+Report); it never runs a check, so a scrape costs microseconds and cannot hang (STYLE habit 11).
+Names follow Prometheus conventions (base units, ``_seconds``, ``_bytes``, ``_total``, ``_info``)
+and carry no node or cluster label: Prometheus adds target labels (ARCHITECTURE.md, Metrics).
+
+Every series that can be known in advance exists from the first scrape: one-hot status series of
+every known check are all 0 and ``preflight_last_run_timestamp_seconds`` is 0 until a run finished;
+measured values nobody has measured yet (bandwidth, /dev/shm size) are NaN, never a made-up 0.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.core import (
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+
+from preflight import __version__
+from preflight.config import ConfigError
+from preflight.model import Report, Result, Status
+
+NAN = float("nan")
+#: Name of the bandwidth check (built by the bandwidth issue); its figures become gauges.
+ALLREDUCE_CHECK = "allreduce"
+
+
+@dataclass(frozen=True)
+class DaemonStats:
+    """What only a long-running daemon knows (absent from one-shot textfiles).
+
+    Attributes:
+        runs_total: check runs finished (node and bandwidth runs, failed ones included).
+        check_errors_total: runs per check whose verdict was ERROR (crash, deadline).
+        config_reload_success: 1 when the last (re)load of the config file worked, else 0.
+        bandwidth_timestamp_s: when the last bandwidth run finished; 0 = never.
+    """
+
+    runs_total: int = 0
+    check_errors_total: Mapping[str, int] = field(default_factory=dict)
+    config_reload_success: bool = True
+    bandwidth_timestamp_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """Everything one scrape shows: the last Report (None before the first run), the checks that
+    are known in advance (their series exist from the start), and the daemon's own counters."""
+
+    report: Report | None
+    known_checks: Sequence[str] = ()
+    daemon: DaemonStats | None = None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _detail(result: Result | None, *keys: str, scale: float = 1.0) -> float:
+    """The first numeric ``details[key]`` of ``result``, times ``scale``; NaN when absent."""
+    if result is None:
+        return NAN
+    for key in keys:
+        value = _number(result.details.get(key))
+        if value is not None:
+            return value * scale
+    return NAN
+
+
+def bandwidth_figures(report: Report | None) -> tuple[float, float]:
+    """(bus bandwidth in bytes/s, link efficiency ratio) of the last all-reduce; NaN if unknown.
+
+    Read from ``Report.bandwidth`` first, then from the ``allreduce`` result's details. Accepted
+    keys: ``busbw_bytes_per_second`` or ``busbw_gbps`` (GB/s = 1e9 B/s as nccl-tests), and
+    ``link_efficiency_ratio`` or ``link_efficiency`` (0..1).
+    """
+    if report is None:
+        return NAN, NAN
+    sources: list[Mapping[str, Any]] = []
+    if report.bandwidth:
+        sources.append(report.bandwidth)
+    result = report.result(ALLREDUCE_CHECK)
+    if result is not None and result.status is not Status.SKIP:
+        sources.append(result.details)
+    busbw = efficiency = NAN
+    for src in sources:
+        if math.isnan(busbw):
+            raw = _number(src.get("busbw_bytes_per_second"))
+            gbps = _number(src.get("busbw_gbps"))
+            busbw = raw if raw is not None else gbps * 1e9 if gbps is not None else NAN
+        if math.isnan(efficiency):
+            eff = _number(src.get("link_efficiency_ratio"))
+            eff = eff if eff is not None else _number(src.get("link_efficiency"))
+            efficiency = eff if eff is not None else NAN
+    return busbw, efficiency
+
+
+def fingerprint_of(report: Report | None) -> Mapping[str, Any] | None:
+    """``Report.fingerprint``, else the ``versions`` check's ``details["fingerprint"]``."""
+    if report is None:
+        return None
+    if report.fingerprint:
+        return report.fingerprint
+    versions = report.result("versions")
+    fp = versions.details.get("fingerprint") if versions is not None else None
+    return fp if isinstance(fp, Mapping) else None
+
+
+#: Top-level fingerprint fields that are versions too; their skew across nodes breaks NCCL jobs
+#: as surely as a package's (the article: one node's different NCCL or driver hangs the ring).
+FINGERPRINT_VERSION_KEYS = ("python", "cuda", "cudnn", "nccl", "driver")
+
+
+def package_versions(fingerprint: Mapping[str, Any] | None) -> dict[str, str]:
+    """``{package: version}`` from a fingerprint: its ``packages`` (a mapping, or a list of
+    ``{"name", "version"}``) plus the top-level python/cuda/cudnn/nccl/driver versions; unknown
+    versions (None) are left out."""
+    if not fingerprint:
+        return {}
+    packages = fingerprint.get("packages")
+    items: list[tuple[Any, Any]] = [(k, fingerprint.get(k)) for k in FINGERPRINT_VERSION_KEYS]
+    if isinstance(packages, Mapping):
+        items += list(packages.items())
+    elif isinstance(packages, list):
+        items += [(p.get("name"), p.get("version")) for p in packages if isinstance(p, Mapping)]
+    found: dict[str, str] = {}
+    for name, raw in items:
+        version = raw.get("version") if isinstance(raw, Mapping) else raw
+        if isinstance(name, str) and name and isinstance(version, (str, int, float)) \
+                and not isinstance(version, bool):
+            found[name] = str(version)
+    return found
+
+
+def gpu_counts(result: Result | None) -> tuple[float, float]:
+    """(GPUs that answer, GPUs expected) from the ``gpu_visible`` result; NaN when unknown.
+
+    Visible counts the entries of ``details["gpus"]`` without an ``error`` (a lost GPU is listed
+    but does not answer); expected is ``details["expected"]`` (None = not configured).
+    """
+    if result is None:
+        return NAN, NAN
+    gpus = result.details.get("gpus")
+    if isinstance(gpus, list):
+        visible = float(sum(1 for g in gpus if isinstance(g, Mapping) and not g.get("error")))
+    elif result.reason == "NvmlUnavailable":
+        visible = 0.0
+    else:
+        visible = _detail(result, "visible", "count")
+    return visible, _detail(result, "expected", "expected_gpus")
+
+
+class ReportCollector(Collector):
+    """A custom collector: ``collect()`` yields metric families from ``source()``'s snapshot."""
+
+    def __init__(self, source: Callable[[], MetricsSnapshot]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._source()
+        report = snap.report
+        results = {r.check: r for r in report.results} if report else {}
+        checks = list(dict.fromkeys([*snap.known_checks, *results]))
+
+        status = GaugeMetricFamily(
+            "preflight_check_status",
+            "Verdict of each check of the last run, one-hot over pass/skip/warn/error/fail "
+            "(all 0 before the first run).", labels=["check", "status"])
+        duration = GaugeMetricFamily(
+            "preflight_check_duration_seconds", "Time each check of the last run took.",
+            labels=["check"])
+        result_info = InfoMetricFamily(
+            "preflight_check_result", "Verdict and reason token of each check of the last run.",
+            labels=["check"])
+        for check in checks:
+            result = results.get(check)
+            for s in Status:
+                hot = result is not None and result.status is s
+                status.add_metric([check, s.word], 1.0 if hot else 0.0)
+            duration.add_metric([check], result.duration_s if result else 0.0)
+            if result is not None:
+                result_info.add_metric([check], {"status": result.status.word,
+                                                 "reason": result.reason})
+        yield status
+        yield duration
+        yield result_info
+
+        healthy = report is not None and report.status <= Status.WARN
+        yield GaugeMetricFamily(
+            "preflight_node_healthy",
+            "1 when the last run found nothing worse than WARN (the exit code of preflight check "
+            "would be 0); 0 otherwise and before the first run.", value=1.0 if healthy else 0.0)
+        yield GaugeMetricFamily(
+            "preflight_last_run_timestamp_seconds",
+            "Unix time the last node-check run finished; 0 = no run yet.",
+            value=report.timestamp_s if report else 0.0)
+
+        busbw, efficiency = bandwidth_figures(report)
+        yield GaugeMetricFamily(
+            "preflight_allreduce_bus_bandwidth_bytes_per_second",
+            "All-reduce bus bandwidth at the largest size of the last bandwidth test "
+            "(nccl-tests busbw); NaN until measured.", value=busbw)
+        yield GaugeMetricFamily(
+            "preflight_allreduce_link_efficiency_ratio",
+            "Last all-reduce busbw divided by the theoretical link bandwidth read from NVML; "
+            "NaN until measured.", value=efficiency)
+
+        shm = results.get("shm")
+        yield GaugeMetricFamily("preflight_shm_size_bytes", "Size of /dev/shm; NaN if unknown.",
+                                value=_detail(shm, "size_bytes"))
+        yield GaugeMetricFamily("preflight_shm_free_bytes",
+                                "Free space in /dev/shm; NaN if unknown.",
+                                value=_detail(shm, "free_bytes"))
+        visible, expected = gpu_counts(results.get("gpu_visible"))
+        yield GaugeMetricFamily("preflight_gpu_visible", "GPUs NVML sees and that answer; NaN if "
+                                "unknown.", value=visible)
+        yield GaugeMetricFamily("preflight_gpu_expected", "GPUs this node must show (expect_gpus); "
+                                "NaN when not configured or unknown.", value=expected)
+
+        fingerprint = fingerprint_of(report)
+        packages = InfoMetricFamily(
+            "preflight_package",
+            "Version of each watched package of the training environment (one series each).",
+            labels=["package"])
+        for name, version in sorted(package_versions(fingerprint).items()):
+            packages.add_metric([name], {"version": version})
+        yield packages
+        fp_info = InfoMetricFamily("preflight_fingerprint",
+                                   "sha256 of the canonical environment fingerprint.")
+        sha = fingerprint.get("sha256") if fingerprint else None
+        if isinstance(sha, str) and sha:
+            fp_info.add_metric([], {"sha256": sha})
+        yield fp_info
+        yield InfoMetricFamily("preflight_build", "Version of cluster-preflight serving this.",
+                               value={"version": __version__})
+
+        if snap.daemon is not None:
+            yield from _daemon_metrics(snap.daemon, checks)
+
+
+def _daemon_metrics(stats: DaemonStats, checks: Sequence[str]) -> Iterator[Metric]:
+    yield CounterMetricFamily("preflight_runs", "Check runs finished by this daemon.",
+                              value=stats.runs_total)
+    errors = CounterMetricFamily("preflight_check_errors",
+                                 "Runs in which a check ended in ERROR (crashed, deadline passed).",
+                                 labels=["check"])
+    for check in list(dict.fromkeys([*checks, *stats.check_errors_total])):
+        errors.add_metric([check], stats.check_errors_total.get(check, 0))
+    yield errors
+    yield GaugeMetricFamily(
+        "preflight_config_reload_success",
+        "1 when the last (re)load of the config file worked; 0 when the daemon kept the old "
+        "config because the new one was unreadable or invalid.",
+        value=1.0 if stats.config_reload_success else 0.0)
+    yield GaugeMetricFamily(
+        "preflight_allreduce_last_run_timestamp_seconds",
+        "Unix time the last bandwidth test finished; 0 = none yet.",
+        value=stats.bandwidth_timestamp_s)
+
+
+def make_registry(source: Callable[[], MetricsSnapshot]) -> CollectorRegistry:
+    """A fresh registry holding only our collector (no process/platform/GC collectors, and no
+    ``_created`` series: custom families only emit them when given a creation time)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ReportCollector(source))
+    return registry
+
+
+def render(snapshot: MetricsSnapshot) -> bytes:
+    """The text exposition format (0.0.4) of ``snapshot``."""
+    return generate_latest(make_registry(lambda: snapshot))
+
+
+def write_textfile(report: Report, path: str | os.PathLike[str], *,
+                   known_checks: Sequence[str] = ()) -> None:
+    """Write ``report``'s metrics for node_exporter's textfile collector, atomically.
+
+    node_exporter may read the file at any moment, so the text goes to a temporary file in the same
+    directory (same filesystem, so the rename is atomic), is flushed to disk, made world-readable
+    (node_exporter often runs as another user) and renamed over ``path``.
+
+    Raises:
+        ConfigError: the directory does not exist or is not writable (the CLI exits 2 with it).
+    """
+    target = Path(path)
+    data = render(MetricsSnapshot(report=report, known_checks=known_checks))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
+                                   dir=target.parent if str(target.parent) else ".")
+    except OSError as exc:
+        raise ConfigError(f"--prom-file {target}: cannot create a file in {target.parent}: "
+                          f"{exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+            os.fchmod(fh.fileno(), 0o644)
+        os.replace(tmp, target)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise ConfigError(f"--prom-file {target}: cannot write: {exc.strerror or exc}") from None
+
+
+__all__ = ["DaemonStats", "MetricsSnapshot", "ReportCollector", "make_registry", "render",
+           "write_textfile"]

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Set up everything the test suite needs on a fresh Debian machine, then run lint, types and tests.
+# Idempotent: a second run reuses .venv and skips installed packages. Extra args go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# System tools the tests use for real: promtool (Prometheus rules and metrics), iproute2 (network
+# namespaces), util-linux (unshare), systemd (systemd-analyze for the unit file).
+need=()
+command -v promtool >/dev/null || need+=(prometheus)
+command -v ip >/dev/null || need+=(iproute2)
+command -v unshare >/dev/null || need+=(util-linux)
+command -v systemd-analyze >/dev/null || need+=(systemd)
+if ((${#need[@]})); then
+  if [ "$(id -u)" = 0 ]; then
+    echo "test.sh: installing ${need[*]}" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  else
+    echo "test.sh: not root, cannot install ${need[*]}; the tests that need them will skip" >&2
+  fi
+fi
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+# torch==2.13.0 pinned: the CPU build (gloo) is all the tests need; GPU nodes install their own.
+.venv/bin/pip install -q --disable-pip-version-check -e '.[test]' torch==2.13.0
+
+.venv/bin/ruff check preflight tests benchmarks
+.venv/bin/mypy
+.venv/bin/python -m pytest -q "$@"

@@ -1,0 +1,140 @@
+"""The timed all-reduce test (``preflight bench`` and the ``allreduce`` check).
+
+:func:`run_bench` plans a run from the context (backend, ranks, sizes, which GPU each rank uses),
+runs it through :mod:`preflight.bench.parent` (which never imports torch) and judges it with
+:mod:`preflight.bench.verdict`. The method and the reference figures are in
+:mod:`preflight.bench.method`; docs/bandwidth.md explains both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from preflight.bench import method
+from preflight.bench.parent import BenchOptions, run_workers
+from preflight.bench.verdict import BenchResult, judge
+from preflight.context import Context
+from preflight.model import Status
+from preflight.pci import normalize_bus_id
+from preflight.probes.gpu import Gpu
+from preflight.units import fmt_bytes
+
+#: gloo on CPU is a correctness and plumbing test; its default sweep stays small.
+GLOO_DEFAULT_MAX_BYTES = 64 << 20
+ITERS = {"nccl": 20, "gloo": 10}
+WARMUP = {"nccl": 5, "gloo": 2}
+
+
+class BenchUsageError(ValueError):
+    """The request cannot be run as given (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A run that can start (``options``), or the SKIP that replaces it (``skip``)."""
+
+    options: BenchOptions | None
+    gpus: tuple[Gpu, ...]
+    notes: tuple[str, ...]
+    skip: BenchResult | None = None
+
+
+def visible_gpus(ctx: Context) -> tuple[tuple[Gpu, ...], int, str | None]:
+    """(GPUs NVML answers for, how many CUDA will show, why none when NVML is unavailable)."""
+    snap = ctx.gpus()
+    if not snap.available:
+        return (), 0, snap.error or "NVML is not available"
+    healthy = tuple(g for g in snap.gpus if not g.error)
+    cvd = ctx.env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is None:
+        return healthy, len(healthy), None
+    # The cuda_devices check validates the variable; here only its size matters.
+    return healthy, min(len(healthy), len([e for e in cvd.split(",") if e.strip()])), None
+
+
+def _skip(backend: str, reason: str, message: str) -> BenchResult:
+    return BenchResult(backend=backend, world_size=0, devices=(), rows=(), status=Status.SKIP,
+                       reason=reason, message=message)
+
+
+def plan(ctx: Context, *, backend: str | None = None, nproc: int | None = None,
+         min_bytes: int | None = None, max_bytes: int | None = None,
+         timeout_s: float | None = None, debug: bool = False) -> Plan:
+    """Decide backend, ranks, sizes and device names; BenchUsageError on impossible requests."""
+    cfg = ctx.config
+    gpus, visible, nvml_error = visible_gpus(ctx)
+    chosen = backend or ("nccl" if visible >= 1 else "gloo")
+    notes: list[str] = []
+    if chosen == "nccl":
+        if nvml_error and backend is None:
+            chosen = "gloo"
+        elif nproc is None and visible < 2:
+            why = f"NVML: {nvml_error}" if nvml_error else f"{visible} visible"
+            return Plan(None, gpus, (), _skip("nccl", "NotEnoughGpus",
+                        f"the all-reduce test needs at least 2 GPUs; {why}"))
+    if chosen == "nccl":
+        count = nproc if nproc is not None else visible
+        if visible and count > visible:
+            raise BenchUsageError(f"--nproc {count} but only {visible} GPU(s) are visible")
+    else:
+        count = nproc if nproc is not None else 2
+    if count < 2:
+        raise BenchUsageError(f"--nproc must be >= 2 (all-reduce over one rank moves nothing), "
+                              f"got {count}")
+    lo = min_bytes if min_bytes is not None else cfg.bench_min_bytes
+    hi = max_bytes if max_bytes is not None else cfg.bench_max_bytes
+    used: tuple[Gpu, ...] = ()
+    if chosen == "gloo" and max_bytes is None and hi > GLOO_DEFAULT_MAX_BYTES:
+        hi = GLOO_DEFAULT_MAX_BYTES
+        notes.append(f"gloo on CPU: sweep capped at {fmt_bytes(hi)} (pass --max-bytes for more)")
+    if chosen == "nccl":
+        if ctx.env.get("CUDA_VISIBLE_DEVICES") is None:
+            used = gpus[:count]
+        cap = method.memory_cap_bytes(used)
+        if cap is not None and hi > cap:
+            notes.append(f"largest size lowered from {fmt_bytes(hi)} to {fmt_bytes(cap)}: GPU "
+                         f"memory allows 1/{method.MEMORY_SHARE} of the smallest GPU's memory")
+            hi = cap
+        busy = [f"GPU {g.index} (pids {', '.join(map(str, g.compute_pids))})" for g in used
+                if g.compute_pids]
+        if busy:
+            notes.append("GPUs in use, the figures compete with: " + "; ".join(busy))
+    try:
+        sizes = tuple(method.sweep(lo, hi))
+    except ValueError as exc:
+        raise BenchUsageError(str(exc)) from None
+    labels = tuple("CPU" if chosen == "gloo" else
+                   f"GPU {used[r].index}, {used[r].pci_bus_id}" if r < len(used) else f"cuda:{r}"
+                   for r in range(count))
+    opts = BenchOptions(backend=chosen, nproc=count, sizes=sizes,
+                        timeout_s=timeout_s if timeout_s is not None else cfg.bench_timeout_s,
+                        iters=ITERS[chosen], warmup=WARMUP[chosen], debug=debug, labels=labels,
+                        env=ctx.env)
+    return Plan(opts, used, tuple(notes))
+
+
+def run_bench(ctx: Context, p: Plan, *, min_busbw_gbps: float | None = None,
+              floor_source: str = "--min-busbw",
+              on_progress: Callable[[str], None] | None = None) -> BenchResult:
+    """Run a plan and judge it; the GPUs are named by what each worker reports (PCI bus id)."""
+    if p.skip is not None or p.options is None:
+        assert p.skip is not None
+        return p.skip
+    record = run_workers(p.options, on_progress=on_progress)
+    gpus = p.gpus
+    if p.options.backend == "nccl":
+        by_bus = {normalize_bus_id(g.pci_bus_id): g for g in ctx.gpus().gpus if g.pci_bus_id}
+        found = []
+        for st in record.ranks:
+            g = by_bus.get(normalize_bus_id(st.pci_bus_id)) if st.pci_bus_id else None
+            if g is not None:
+                st.label = f"GPU {g.index}, {g.pci_bus_id}"
+                found.append(g)
+        if len(found) == len(record.ranks):
+            gpus = tuple(found)
+    return judge(record, gpus=gpus, min_busbw_gbps=min_busbw_gbps, floor_source=floor_source,
+                 notes=p.notes)
+
+
+__all__ = ["BenchResult", "BenchUsageError", "Plan", "plan", "run_bench"]

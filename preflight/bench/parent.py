@@ -1,0 +1,416 @@
+"""The orchestrator of the all-reduce test: starts the workers, watches them, kills them on a
+deadline. It never imports torch (only :mod:`preflight.bench.worker` does).
+
+Why a separate parent: a collective that hangs cannot be interrupted from inside the process that
+waits in it (the article, sections 3.3 and 6.2: tell "slow" from "dead", find the first rank that
+stopped). The parent owns every deadline, and reports which rank did not reach which phase.
+
+Processes: one worker per rank, ``sys.executable -m preflight.bench.worker`` (argv list), each the
+leader of a new session (``start_new_session``, safe from threads and on Python 3.10), so the
+parent can kill each worker's whole process group; stdout and stderr go to one log file per rank
+(NCCL_DEBUG writes there), progress comes as JSON lines on a dedicated pipe.
+
+Rendezvous: rank 0 hosts a TCPStore on 127.0.0.1 port 0 (the OS picks a free port, no race with
+other jobs) and reports the port; the parent writes it to the other ranks' stdin. The port closes
+with rank 0.
+
+Deadlines within ``timeout_s``: spawn (start + import torch) and init (store + process group +
+communicator) may each take half of it, at most 60 s; each warm-up, measure and verify step of one
+size at most a quarter, between 2 and 30 s; the whole run ``timeout_s``. A step past its deadline is
+a stall: the ranks behind the others are named; when all ranks are in the same step, those without
+a heartbeat (frozen) are named, else the collective itself is reported as hung.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from preflight.units import fmt_bytes
+
+PHASES = ("spawn", "init", "warmup", "measure", "verify", "done")
+PHASE_WORDS = {"spawn": "spawn", "init": "init", "warmup": "warm-up", "measure": "measure",
+               "verify": "verify", "done": "done"}
+#: A rank whose last heartbeat is older than this is frozen (the worker beats every 0.5 s).
+HEARTBEAT_SILENT_S = 2.0
+#: After the first sign of failure, how long to keep reading so the first cause is the one named.
+GRACE_S = 0.5
+_DONE_STEP = 1 << 30
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """Per-phase deadlines, seconds, derived from the run's ``timeout_s``."""
+
+    total_s: float
+    spawn_s: float
+    init_s: float
+    step_s: float
+
+    @classmethod
+    def from_timeout(cls, timeout_s: float) -> Deadlines:
+        return cls(total_s=timeout_s, spawn_s=min(60.0, timeout_s / 2),
+                   init_s=min(60.0, timeout_s / 2),
+                   step_s=min(30.0, max(2.0, timeout_s / 4)))
+
+    def for_phase(self, phase: str) -> float:
+        return {"spawn": self.spawn_s, "init": self.init_s}.get(phase, self.step_s)
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What to run. ``labels`` names each rank's device in messages ("GPU 1, 0000:00:07.0")."""
+
+    backend: str
+    nproc: int
+    sizes: tuple[int, ...]
+    timeout_s: float
+    iters: int = 20
+    warmup: int = 5
+    debug: bool = False
+    labels: tuple[str, ...] = ()
+    env: Mapping[str, str] | None = None
+    python: str = sys.executable
+
+
+@dataclass
+class RankState:
+    """What the parent knows about one rank, from its progress pipe and its exit status."""
+
+    rank: int
+    label: str
+    proc: subprocess.Popen[bytes] | None = None
+    phase: str = "spawn"
+    size: int | None = None
+    step: int = 0
+    entered: float = 0.0
+    last_beat: float = 0.0
+    pid: int | None = None
+    pci_bus_id: str | None = None
+    error: str | None = None
+    traceback: str = ""
+    times: dict[int, float] = field(default_factory=dict)
+    verified: dict[int, dict[str, Any]] = field(default_factory=dict)
+    buffer: bytes = b""
+
+    def where(self) -> str:
+        word = PHASE_WORDS[self.phase]
+        return f"{word} of {fmt_bytes(self.size)}" if self.size is not None else word
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why the run did not complete. ``kind``: stalled, hung, died, error, timeout, spawn."""
+
+    kind: str
+    message: str
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """Everything the workers reported; judged by :mod:`preflight.bench.verdict`."""
+
+    options: BenchOptions
+    ranks: tuple[RankState, ...]
+    failure: Failure | None
+    store_port: int | None
+    log_dir: str | None
+    elapsed_s: float
+
+
+def _step(phase: str, size: int | None, sizes: Sequence[int]) -> int:
+    if phase == "done":
+        return _DONE_STEP
+    if phase in ("spawn", "init"):
+        return PHASES.index(phase)
+    index = sizes.index(size) if size in sizes else 0
+    return 2 + 3 * index + ("warmup", "measure", "verify").index(phase)
+
+
+def _worker_env(opts: BenchOptions) -> dict[str, str]:
+    env = dict(os.environ if opts.env is None else opts.env)
+    # With CUDA_VISIBLE_DEVICES unset, cuda:r is then NVML index r (nccl.md section 5).
+    env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    if opts.backend == "gloo":
+        # A local test: keep gloo on loopback even where the hostname resolves elsewhere.
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if opts.debug:
+        env["NCCL_DEBUG"] = "INFO"
+        env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,ENV,NET,GRAPH")
+    env["PYTHONUNBUFFERED"] = "1"
+    # The package must import in the workers even when run from a source tree.
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def run_workers(opts: BenchOptions, *,
+                on_progress: Callable[[str], None] | None = None) -> RunRecord:
+    """Start ``opts.nproc`` workers, follow them to the end or to a deadline, kill what is left.
+
+    Never raises for a worker's failure: the record's ``failure`` says what went wrong. Always
+    leaves no worker process running (each worker's process group is killed and reaped).
+    """
+    started = time.monotonic()
+    deadlines = Deadlines.from_timeout(opts.timeout_s)
+    log_dir = tempfile.mkdtemp(prefix="preflight-bench-")
+    labels = opts.labels or tuple("CPU" if opts.backend == "gloo" else f"cuda:{r}"
+                                  for r in range(opts.nproc))
+    ranks = tuple(RankState(rank=r, label=labels[r], entered=started, last_beat=started)
+                  for r in range(opts.nproc))
+    env = _worker_env(opts)
+    sel = selectors.DefaultSelector()
+    store_port: int | None = None
+    failure: Failure | None = None
+    logs: list[Any] = []
+    try:
+        for st in ranks:
+            failure = _spawn(st, opts, env=env, log_dir=log_dir, sel=sel, logs=logs)
+            if failure:
+                break
+        failing_since: float | None = None
+        while failure is None:
+            now = time.monotonic()
+            for key, _ in sel.select(timeout=0.1):
+                st = key.data
+                try:
+                    chunk = os.read(key.fd, 65536)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    sel.unregister(key.fd)
+                    os.close(key.fd)
+                    continue
+                port = _consume(st, chunk, opts.sizes, now, on_progress)
+                if port is not None:
+                    store_port = port
+                    _send_port(ranks, port)
+            now = time.monotonic()
+            if all(st.phase == "done" and st.proc and st.proc.poll() == 0 for st in ranks):
+                break
+            broken = any(st.error or (st.proc and st.proc.poll() not in (None, 0))
+                         for st in ranks)
+            if broken:
+                # Let the first cause's own report arrive before naming it.
+                failing_since = failing_since or now
+                if now - failing_since >= GRACE_S:
+                    failure = _broken(ranks)
+                continue
+            failure = _stalled(ranks, deadlines, now, started)
+    finally:
+        _kill_all(ranks)
+        for key in list(sel.get_map().values()):
+            with contextlib.suppress(OSError):
+                os.close(key.fd)
+        sel.close()
+        for f in logs:
+            f.close()
+    _collect_tracebacks(ranks, log_dir)
+    keep = opts.debug
+    if not keep:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    return RunRecord(options=opts, ranks=ranks, failure=failure, store_port=store_port,
+                     log_dir=log_dir if keep else None, elapsed_s=time.monotonic() - started)
+
+
+def _spawn(st: RankState, opts: BenchOptions, *, env: dict[str, str], log_dir: str,
+           sel: selectors.BaseSelector, logs: list[Any]) -> Failure | None:
+    read_fd, write_fd = os.pipe()
+    argv = [opts.python, "-m", "preflight.bench.worker", "--rank", str(st.rank),
+            "--world-size", str(opts.nproc), "--backend", opts.backend,
+            "--sizes", ",".join(str(s) for s in opts.sizes), "--iters", str(opts.iters),
+            "--warmup", str(opts.warmup), "--progress-fd", str(write_fd),
+            # torch's own deadline is a backstop behind the parent's, so the parent names the rank.
+            "--timeout-s", f"{opts.timeout_s + 30:g}"]
+    log = open(Path(log_dir) / f"rank{st.rank}.log", "wb")  # noqa: SIM115 - closed by the caller
+    logs.append(log)
+    try:
+        st.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log,
+                                   stderr=subprocess.STDOUT, env=env, pass_fds=(write_fd,),
+                                   start_new_session=True, close_fds=True)
+    except OSError as exc:
+        os.close(read_fd)
+        return Failure("spawn", f"cannot start rank {st.rank} ({' '.join(argv[:3])}): {exc}",
+                       (st.rank,))
+    finally:
+        os.close(write_fd)
+    st.pid = st.proc.pid
+    os.set_blocking(read_fd, False)
+    sel.register(read_fd, selectors.EVENT_READ, st)
+    return None
+
+
+def _consume(st: RankState, chunk: bytes, sizes: Sequence[int], now: float,
+             on_progress: Callable[[str], None] | None) -> int | None:
+    """Apply the JSON lines in ``chunk`` to ``st``; return the store port if rank 0 sent it."""
+    st.buffer += chunk
+    port = None
+    *lines, st.buffer = st.buffer.split(b"\n")
+    for raw in lines:
+        try:
+            msg = json.loads(raw)
+        except ValueError:
+            continue
+        if not isinstance(msg, dict):
+            continue
+        st.last_beat = now
+        ev = msg.get("ev")
+        if ev == "spawned":
+            st.pid = int(msg.get("pid") or st.pid or 0)
+            st.pci_bus_id = msg.get("pci_bus_id")
+        elif ev == "phase":
+            phase = str(msg.get("phase"))
+            if phase == "init" and msg.get("done"):
+                continue
+            if phase in PHASES:
+                st.phase, st.size = phase, msg.get("size")
+                st.step, st.entered = _step(phase, st.size, sizes), now
+                if on_progress and st.rank == 0:
+                    on_progress(st.where())
+        elif ev == "store":
+            port = int(msg["port"])
+        elif ev == "measured":
+            st.times[int(msg["size"])] = float(msg["time_s"])
+        elif ev == "verified":
+            st.verified[int(msg["size"])] = msg
+        elif ev == "done":
+            st.phase, st.size, st.step, st.entered = "done", None, _DONE_STEP, now
+        elif ev == "error":
+            st.error = str(msg.get("error"))
+            st.traceback = str(msg.get("traceback", ""))
+    return port
+
+
+def _send_port(ranks: Sequence[RankState], port: int) -> None:
+    line = (json.dumps({"port": port}) + "\n").encode()
+    for st in ranks[1:]:
+        if st.proc and st.proc.stdin:
+            with contextlib.suppress(OSError):
+                st.proc.stdin.write(line)
+                st.proc.stdin.flush()
+
+
+def _names(ranks: Sequence[RankState]) -> str:
+    return ", ".join(f"rank {st.rank} ({st.label})" for st in ranks)
+
+
+def _others(ranks: Sequence[RankState], skip: Sequence[RankState]) -> str:
+    rest = [st for st in ranks if st not in skip]
+    if not rest:
+        return ""
+    by_where: dict[str, list[int]] = {}
+    for st in rest:
+        by_where.setdefault(st.where(), []).append(st.rank)
+    return "; " + "; ".join(
+        f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} reached {w}"
+        for w, rs in by_where.items())
+
+
+def _stalled(ranks: Sequence[RankState], deadlines: Deadlines, now: float,
+             started: float) -> Failure | None:
+    """A Failure when some rank has been in one phase past its deadline, or the run past its."""
+    late = [st for st in ranks if st.step != _DONE_STEP
+            and now - st.entered > deadlines.for_phase(st.phase)]
+    over = now - started > deadlines.total_s
+    if not late and not over:
+        return None
+    active = [st for st in ranks if st.step != _DONE_STEP] or list(ranks)
+    lowest = min(st.step for st in active)
+    behind = [st for st in active if st.step == lowest]
+    silent = [st for st in behind if now - st.last_beat > HEARTBEAT_SILENT_S]
+    if not late:
+        return Failure("timeout", f"the run did not finish within --timeout {deadlines.total_s:g}"
+                       f" s; {_names(behind)} in {behind[0].where()} (still progressing)"
+                       f"{_others(ranks, behind)}", tuple(st.rank for st in behind))
+    if len(behind) < len(ranks):
+        st0 = behind[0]
+        beat = (f" (no heartbeat for {now - st0.last_beat:.0f} s: the process is frozen)"
+                if st0 in silent else "")
+        return Failure("stalled", f"{_names(behind)} stalled in {st0.where()} after "
+                       f"{now - st0.entered:.0f} s{beat}{_others(ranks, behind)}",
+                       tuple(st.rank for st in behind))
+    where = behind[0].where()
+    waited = max(now - st.entered for st in behind)
+    if silent:
+        return Failure("stalled", f"{_names(silent)} stopped in {where} (no heartbeat for "
+                       f"{now - max(st.last_beat for st in silent):.0f} s: the process is frozen)"
+                       f"; {'the others' if len(silent) < len(ranks) else 'all'} waited "
+                       f"{waited:.0f} s in the collective", tuple(st.rank for st in silent))
+    return Failure("hung", f"all {len(ranks)} ranks are alive but the all-reduce in {where} did "
+                   f"not complete within {waited:.0f} s: the collective itself hangs",
+                   tuple(st.rank for st in behind))
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _broken(ranks: Sequence[RankState]) -> Failure:
+    """A worker died or raised: name the first cause (killed ranks before those that saw it)."""
+    killed = [st for st in ranks if st.proc and (st.proc.poll() or 0) < 0]
+    if killed:
+        first = killed[0]
+        rest = [st for st in ranks if st.error and st not in killed]
+        seen = (f"; then {_names(rest)} failed: {rest[0].error}" if rest else "")
+        how = _exit_text(first.proc.poll() if first.proc else None)
+        return Failure("died", f"{_names(killed)} {how} in {first.where()}{seen}",
+                       tuple(st.rank for st in killed))
+    errs = [st for st in ranks if st.error]
+    if errs:
+        first = errs[0]
+        return Failure("error", f"{_names(errs)} failed in {first.where()}: {first.error}",
+                       tuple(st.rank for st in errs))
+    dead = [st for st in ranks if st.proc and st.proc.poll() not in (None, 0)]
+    first = dead[0]
+    how = _exit_text(first.proc.poll() if first.proc else None)
+    return Failure("died", f"{_names(dead)} {how} in {first.where()} without a report",
+                   tuple(st.rank for st in dead))
+
+
+def _kill_all(ranks: Sequence[RankState]) -> None:
+    """SIGKILL every worker's process group and reap it: nothing of the run may outlive it."""
+    for st in ranks:
+        if st.proc is None:
+            continue
+        if st.proc.stdin:
+            with contextlib.suppress(OSError):
+                st.proc.stdin.close()
+        if st.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(st.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            # Children of a worker that already exited (its group lives on without the leader).
+            os.killpg(st.proc.pid, signal.SIGKILL)
+    for st in ranks:
+        if st.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                st.proc.wait(timeout=10)
+
+
+def _collect_tracebacks(ranks: Sequence[RankState], log_dir: str) -> None:
+    """Keep the tail of each failed rank's log, for the message (the directory may be removed)."""
+    for st in ranks:
+        if st.error and not st.traceback:
+            path = Path(log_dir) / f"rank{st.rank}.log"
+            with contextlib.suppress(OSError):
+                st.traceback = path.read_text(errors="replace")[-2000:]

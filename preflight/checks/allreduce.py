@@ -1,0 +1,54 @@
+"""``allreduce``: a timed all-reduce over the node's GPUs is fast enough, exact, and never hangs.
+
+What: the same test as ``preflight bench`` (nccl-tests method, nccl.md section 1) with NCCL over
+every visible GPU, judged at the largest size against ``min_busbw_gbps`` or the built-in table per
+GPU model and count (FAIL below 0.9 x expected); the link efficiency against NVML's link figures.
+
+Why: a node with an NVLink down, P2P disabled or a GPU that stops answering passes every static
+check and then trains at a fraction of the speed or hangs in the first all-reduce (the article,
+sections 3.1, 3.3 and 6.2). Only a collective shows it; a stalled rank is named.
+
+When: on by default with at least 2 visible GPUs; SKIP without NVML, with fewer GPUs, or when a
+compute process uses a GPU (never steal a running job's GPUs). ``--no-bandwidth`` skips it.
+
+Knobs: ``min_busbw_gbps`` (None = table), ``bench_min_bytes`` (1 MiB), ``bench_max_bytes``
+(1 GiB), ``bench_timeout_s`` (120 s, also this check's deadline, plus a margin).
+"""
+
+from __future__ import annotations
+
+from preflight.context import Context
+from preflight.model import Result, Status
+from preflight.runner import activity
+
+NAME = "allreduce"
+#: The runner's deadline sits behind the test's own, so the test names the stalled rank itself.
+DEADLINE_MARGIN_S = 15.0
+
+
+def timeout_s(ctx: Context) -> float:
+    """This check's deadline: the bandwidth test's own, plus time to kill and judge."""
+    return ctx.config.bench_timeout_s + DEADLINE_MARGIN_S
+
+
+def run(ctx: Context) -> Result:
+    from preflight.bench import plan, run_bench
+
+    snap = ctx.gpus()
+    if not snap.available:
+        return Result(NAME, Status.SKIP, "NvmlUnavailable",
+                      f"no all-reduce test: NVML is not available ({snap.error or 'no driver'})")
+    busy = [f"GPU {g.index} (pid {', '.join(map(str, g.compute_pids))})" for g in snap.gpus
+            if g.compute_pids]
+    if busy:
+        return Result(NAME, Status.SKIP, "GpusBusy",
+                      "no all-reduce test: compute processes use the GPUs: " + "; ".join(busy),
+                      "Run it when the GPUs are idle, or pass --no-bandwidth.",
+                      details={"busy": busy})
+    the_plan = plan(ctx, backend="nccl")
+    floor = ctx.config.min_busbw_gbps
+    with activity("the all-reduce workers (preflight bench)"):
+        result = run_bench(ctx, the_plan, min_busbw_gbps=floor,
+                           floor_source="min_busbw_gbps / --min-busbw")
+    return Result(NAME, result.status, result.reason, result.message, result.remedy,
+                  details=result.details())

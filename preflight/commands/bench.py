@@ -1,0 +1,90 @@
+"""``preflight bench``: the timed all-reduce sweep alone, an nccl-tests-like table or JSON.
+
+Exit codes as every one-shot command: 0 PASS/SKIP/WARN, 1 FAIL (slow, stalled rank, wrong sum),
+2 usage error, 3 could not decide (a worker died, torch missing, the run timed out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from preflight.cli import Formatter, add_config_options, build_context
+from preflight.model import ExitCode, exit_code
+
+
+def _size(text: str) -> int:
+    from preflight.bench.method import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "bench", formatter_class=Formatter,
+        help="timed all-reduce over the local GPUs (gloo on CPU without GPUs), nccl-tests style",
+        description="Timed all-reduce sweep as nccl-tests all_reduce_perf measures it: warm-up "
+                    "per size, back-to-back timed iterations, algbw and busbw in GB/s (1e9 B/s), "
+                    "an exact check of the sum. Judged at the largest size against --min-busbw "
+                    "or the built-in table per GPU model and count. Never hangs: each phase has "
+                    "a deadline and a stalled rank is named.",
+        epilog="exit codes: 0 pass/skip/warn, 1 fail (slow, stalled, wrong sum), 2 usage error, "
+               "3 could not decide (a worker died, the run timed out)")
+    p.add_argument("--backend", choices=("nccl", "gloo"),
+                   help="nccl on GPUs (default when GPUs are visible), gloo on CPU otherwise")
+    p.add_argument("--nproc", type=int, metavar="N",
+                   help="ranks (default: one per visible GPU with nccl, 2 with gloo)")
+    p.add_argument("--min-bytes", type=_size, metavar="B",
+                   help="smallest size, bytes or 1024-based K/M/G (default bench_min_bytes, 1M)")
+    p.add_argument("--max-bytes", type=_size, metavar="B",
+                   help="largest size (default bench_max_bytes, 1G, lowered to what GPU memory "
+                        "allows; 64M with gloo)")
+    p.add_argument("--min-busbw", type=float, metavar="GBPS",
+                   help="busbw floor in GB/s at the largest size (default: min_busbw_gbps, else "
+                        "the built-in table: FAIL below 0.9 x expected)")
+    p.add_argument("--timeout", type=float, metavar="S",
+                   help="deadline of the whole run in seconds (default bench_timeout_s, 120)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--debug", action="store_true",
+                   help="run the workers with NCCL_DEBUG=INFO, keep their output in a directory "
+                        "(path printed) and summarise what NCCL chose")
+    add_config_options(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from preflight.bench import BenchUsageError, plan, run_bench
+    from preflight.bench.verdict import render_table
+
+    ctx = build_context(args, {"min_busbw_gbps": args.min_busbw,
+                               "bench_timeout_s": args.timeout})
+    try:
+        the_plan = plan(ctx, backend=args.backend, nproc=args.nproc, min_bytes=args.min_bytes,
+                        max_bytes=args.max_bytes, debug=args.debug)
+    except BenchUsageError as exc:
+        print(f"preflight bench: {exc}", file=sys.stderr)
+        return int(ExitCode.USAGE)
+    tty = sys.stderr.isatty() and not args.json
+
+    def progress(where: str) -> None:
+        sys.stderr.write(f"\r\033[Kpreflight bench: {where}")
+        sys.stderr.flush()
+
+    source = "--min-busbw" if args.min_busbw is not None else "min_busbw_gbps (config)"
+    result = run_bench(ctx, the_plan, min_busbw_gbps=ctx.config.min_busbw_gbps,
+                       floor_source=source, on_progress=progress if tty else None)
+    if tty:
+        sys.stderr.write("\r\033[K")
+    if result.debug_log:
+        print(f"preflight bench: worker output (NCCL_DEBUG=INFO) kept in {result.debug_log}",
+              file=sys.stderr)
+    if args.json:
+        json.dump(result.to_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render_table(result) + "\n")
+    return int(exit_code(result.status))

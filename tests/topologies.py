@@ -99,3 +99,10 @@ def single_h200_vm() -> GpuSnapshot:
 def no_driver() -> GpuSnapshot:
     return GpuSnapshot(available=False, error="NVML not available: libnvidia-ml.so.1 not found, "
                        "no NVIDIA driver on this node")
+
+
+def shared_uuid_prefix() -> GpuSnapshot:
+    """Two H100 whose UUIDs share the prefix GPU-8932f9 (unique only from GPU-8932f93 on), for
+    CUDA_VISIBLE_DEVICES prefix ambiguity."""
+    return snapshot([h100(0, H100_BUS_IDS[0], uuid="GPU-8932f937-d72c-4106-c12f-20bd9faed9f6"),
+                     h100(1, H100_BUS_IDS[1], uuid="GPU-8932f9ab-0c1d-4e2f-a3b4-c5d6e7f8a9b0")])

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
-from preflight.checks import gpu_visible, master_port, nccl_env, network, shm, versions
+from preflight.checks import (
+    cuda_devices,
+    gpu_visible,
+    launcher_env,
+    master_port,
+    nccl_env,
+    network,
+    shm,
+    versions,
+)
 from preflight.runner import Check
 
 CHECKS: tuple[Check, ...] = (
     Check(gpu_visible.NAME, gpu_visible.run, "NVML sees the expected GPUs, each healthy"),
+    Check(cuda_devices.NAME, cuda_devices.run, "CUDA_VISIBLE_DEVICES read as CUDA does; ranks fit"),
+    Check(launcher_env.NAME, launcher_env.run, "torchrun / Slurm variables complete, consistent"),
     Check(shm.NAME, shm.run, "/dev/shm exists, is writable, big enough for NCCL"),
     Check(network.NAME, network.run, "NCCL/gloo NIC selection as NCCL does it; route to rank 0"),
     Check(master_port.NAME, master_port.run, "MASTER_ADDR resolves; MASTER_PORT free on rank 0"),

@@ -39,7 +39,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
 import yaml
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from preflight.config import Config, ConfigError
 from preflight.model import Report, Result, Status
@@ -53,6 +52,9 @@ log = logging.getLogger(__name__)
 CHILD_GRACE_S = 20.0
 #: Bytes of a failed child's stderr quoted in the ERROR message.
 STDERR_TAIL_BYTES = 600
+#: The text format every Prometheus parses (2.x included); prometheus_client >= 0.22 labels its
+#: output 1.0.0, which only differs for non-legacy metric names, and we have none.
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: Variables a child must not inherit: only the daemon talks to systemd.
 _NOTIFY_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 
@@ -149,10 +151,10 @@ class Runner(Protocol):
 ArgvFor = Callable[[RunKind, Config], Sequence[str]]
 
 
-def run_deadline_s(kind: RunKind, config: Config) -> float:
+def run_deadline_s(kind: RunKind, config: Config, grace_s: float = CHILD_GRACE_S) -> float:
     """How long a run of ``kind`` may take before its process group is killed."""
     own = config.bench_timeout_s if kind is RunKind.BANDWIDTH else config.check_timeout_s
-    return own + CHILD_GRACE_S
+    return own + grace_s
 
 
 def config_text(config: Config) -> str:
@@ -180,11 +182,13 @@ class ChildRunner:
         argv_for: the child's argv per run kind; tests point it at a small script (a check that
             hangs or raises). Production uses :meth:`default_argv`, which runs only our checks.
         env: the child's environment (default: ours without systemd's notify variables).
+        grace_s: how much longer than its checks' deadline a run may take.
     """
 
     def __init__(self, *, root: str = "/", argv_for: ArgvFor | None = None,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, grace_s: float = CHILD_GRACE_S) -> None:
         self.root = root
+        self.grace_s = grace_s
         self.argv_for: ArgvFor = argv_for or self.default_argv
         base = dict(os.environ if env is None else env)
         self.env = {k: v for k, v in base.items() if k not in _NOTIFY_VARS}
@@ -202,7 +206,7 @@ class ChildRunner:
 
     def __call__(self, kind: RunKind, config: Config, expected: Sequence[str]) -> Report:
         argv = list(self.argv_for(kind, config))
-        deadline = run_deadline_s(kind, config)
+        deadline = run_deadline_s(kind, config, self.grace_s)
         started = time.monotonic()
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -300,6 +304,7 @@ class Daemon:
         known_checks: checks whose series exist from the first scrape.
         bandwidth: run the bandwidth test at all (default: when an ``allreduce`` check exists).
         root: where the host filesystem is mounted (``--root``).
+        grace_s: how much longer than its checks' deadline a run may take (child start-up).
         env: where systemd's variables are read from.
         clock: monotonic seconds (tests).
     """
@@ -308,6 +313,7 @@ class Daemon:
                  runner: Runner | None = None, gpus: Callable[[], GpuSnapshot] | None = None,
                  known_checks: Sequence[str] | None = None, bandwidth: bool | None = None,
                  root: str = "/", env: Mapping[str, str] | None = None,
+                 grace_s: float = CHILD_GRACE_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if known_checks is None:
             from preflight.checks import CHECKS
@@ -318,7 +324,8 @@ class Daemon:
         self.bandwidth = ALLREDUCE_CHECK in self.known_checks if bandwidth is None else bandwidth
         self._load_config = load_config
         self.root = root
-        self._runner: Runner = runner or ChildRunner(root=root, env=env)
+        self.grace_s = grace_s
+        self._runner: Runner = runner or ChildRunner(root=root, env=env, grace_s=grace_s)
         self._gpus = gpus
         self._env = dict(os.environ if env is None else env)
         self._clock = clock
@@ -414,7 +421,7 @@ class Daemon:
             self._beat()
             start = self._clock()
             with self._lock:
-                self._busy_until = start + run_deadline_s(kind, config)
+                self._busy_until = start + run_deadline_s(kind, config, self.grace_s)
             try:
                 report = self._runner(kind, config, expected)
             except Exception as exc:  # a broken runner must not end the loop
@@ -427,6 +434,9 @@ class Daemon:
             end = self._clock()
             self.history.append((kind, start, end))
         report = dataclasses.replace(report, mode="serve")
+        if self._stop.is_set():
+            # Killed by our own shutdown: says nothing about the node, so it is not recorded.
+            return report
         with self._lock:
             self._busy_until = None
             self._tick = end
@@ -638,7 +648,7 @@ class _Handler(BaseHTTPRequestHandler):
         daemon = self.server.preflight
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
-            self._send(200, daemon.metrics(), CONTENT_TYPE_LATEST)
+            self._send(200, daemon.metrics(), METRICS_CONTENT_TYPE)
         elif path == "/healthz":
             health = daemon.health()
             self._send(200 if health.ok else 503, health.message.encode(),

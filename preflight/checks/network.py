@@ -330,7 +330,11 @@ def _route(ctx: Context, snap: NetSnapshot, sel: Selection, *, bootstrap: tuple[
     remedy = f"export NCCL_SOCKET_IFNAME={fix}" if fix else \
         "Give this node a NIC on rank 0's network and name it in NCCL_SOCKET_IFNAME."
     bad = _bad_for_multi_node(b_name, snap)
-    if bad:
+    if owner is not None and not owner.running:
+        f.add(Status.FAIL, "RouteNicDown",
+              f"{where}, but {route_if} is not RUNNING (down or no carrier).",
+              f"ip link set {route_if} up, and check the cable / switch port")
+    elif bad:
         f.add(Status.FAIL, "LoopbackForMultiNode" if bad == "loopback" else "DockerForMultiNode",
               f"NCCL bootstraps over {b_name} ({bad}) but this is a multi-node job; other nodes "
               f"cannot reach {bootstrap[1]}.", remedy)
@@ -409,10 +413,10 @@ def run(ctx: Context) -> Result:
               f"{', '.join(usable) or 'none'}.",
               f"export NCCL_SOCKET_IFNAME={fix}" if fix else
               "Bring up the data NIC (ip link set <nic> up) and give it an address.")
-    elif sel.not_running:
+    elif sel.not_running and sel.mode == "user":
         f.add(Status.WARN, "IfnameMatchesDownInterface",
-              f"{', '.join(sel.not_running)} match(es) {how.split(':')[0]} but is not RUNNING "
-              "(down or no carrier); NCCL skips it.",
+              f"{', '.join(sel.not_running)} match(es) NCCL_SOCKET_IFNAME={raw!r} but is not "
+              "RUNNING (down or no carrier); NCCL skips it.",
               f"ip link set {sel.not_running[0]} up, and check the cable / switch port")
 
     summary_parts = []
@@ -425,9 +429,12 @@ def run(ctx: Context) -> Result:
             f"{bootstrap[1]}, MTU {mtu if mtu is not None else 'unknown'} bytes.")
 
     if multi:
+        before = len(f.items)
         where = _route(ctx, snap, sel, bootstrap=bootstrap, f=f, details=details)
-        if where:
-            summary_parts.append(f"Multi-node ({why}): {where}.")
+        # A route finding already says where the route goes; do not say it twice.
+        said = any(where and where in m for _, _, m, _ in f.items[before:])
+        summary_parts.append(f"Multi-node ({why})" + (f": {where}." if where and not said
+                                                       else "."))
     else:
         summary_parts.append(f"Single-node job ({why}): route to rank 0 not needed.")
 

@@ -15,8 +15,8 @@ Why without importing torch: ``import torch`` costs seconds and initialises CUDA
 
 This module is deliberately **stdlib-only and Python 3.8 compatible at run time**: when the
 training environment is another interpreter (``--python``, config key ``python``), its own source
-is run there with ``python -I -c <source> <json args>`` under a deadline, and its JSON output read
-back, so one piece of code describes both this interpreter and a foreign one.
+is run there (``python -I -c <version guard + exec> <source> <json args>``) under a deadline, and
+its JSON output read back, so one piece of code describes both this interpreter and a foreign one.
 """
 
 from __future__ import annotations
@@ -203,6 +203,19 @@ def gather(watched: Sequence[str]) -> dict[str, Any]:
     }
 
 
+#: Run first in the target interpreter, in syntax even Python 2 parses, so that a too-old
+#: interpreter says so plainly instead of failing on this module's syntax or imports.
+_BOOT = """\
+import sys
+if sys.version_info < (3, 8):
+    sys.stderr.write("Python %s is too old: preflight describes Python >= 3.8 environments"
+                     % sys.version.split()[0])
+    sys.exit(3)
+source = sys.argv.pop(1)
+exec(compile(source, "<preflight pyenv probe>", "exec"), {"__name__": "__main__"})
+"""
+
+
 def _source() -> str:
     with open(__file__, encoding="utf-8") as f:
         return f.read()
@@ -219,7 +232,7 @@ def gather_foreign(python: str, watched: Sequence[str], *, timeout_s: float,
     Raises:
         PyEnvError: the interpreter is missing, passed ``timeout_s``, or gave no valid answer.
     """
-    argv = [python, "-I", "-c", _source(), json.dumps(list(watched))]
+    argv = [python, "-I", "-c", _BOOT, _source(), json.dumps(list(watched))]
     try:
         proc = subprocess.run(argv, capture_output=True, timeout=timeout_s, check=False,
                               stdin=subprocess.DEVNULL, env=dict(env) if env is not None else None)

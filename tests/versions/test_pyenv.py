@@ -157,3 +157,30 @@ def test_hung_interpreter_is_killed(tmp_path: Path) -> None:
     pid = int(pidfile.read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def _pyenv_python(version: str) -> str | None:
+    """An interpreter of another minor version, if this machine has one (pyenv); else None."""
+    import glob
+
+    found = sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}.*/bin/python3")))
+    return found[-1] if found else None
+
+
+@pytest.mark.parametrize("version", ["3.8", "3.13"])
+def test_other_python_versions_answer(version: str) -> None:
+    python = _pyenv_python(version)
+    if python is None:
+        pytest.skip(f"no Python {version} on this machine")
+    env = pyenv.gather_foreign(python, ["pip", "setuptools"], timeout_s=20)
+    assert env["python"].startswith(version + ".")
+
+
+def test_too_old_python_says_so() -> None:
+    python = _pyenv_python("3.7")
+    if python is None:
+        pytest.skip("no Python 3.7 on this machine")
+    with pytest.raises(pyenv.PyEnvError, match=r"Python 3\.7\.\d+ is too old: preflight "
+                       r"describes Python >= 3\.8 environments") as err:
+        pyenv.gather_foreign(python, ["pip"], timeout_s=20)
+    assert err.value.kind == "broken"

@@ -1,0 +1,113 @@
+"""`preflight bench` and the `allreduce` check as a user runs them: exit codes, JSON, SKIPs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from preflight.checks import CHECKS, allreduce
+from preflight.runner import select
+from tests import topologies
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _preflight(*args: str, env: dict[str, str] | None = None, timeout: float = 60
+               ) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "preflight", *args], capture_output=True,
+                          text=True, env=full, timeout=timeout, cwd=ROOT, check=False)
+
+
+def _fixture(tmp_path: Path, snap: object) -> dict[str, str]:
+    path = tmp_path / "nvml.json"
+    path.write_text(json.dumps(snap.to_json()))  # type: ignore[attr-defined]
+    return {"PREFLIGHT_NVML_FIXTURE": str(path)}
+
+
+def test_gloo_sweep_json_follows_the_cli_contract(tmp_path: Path) -> None:
+    env = _fixture(tmp_path, topologies.no_driver())
+    proc = _preflight("bench", "--nproc", "2", "--max-bytes", "2M", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["backend"] == "gloo" and out["world_size"] == 2  # no GPU -> gloo by default
+    assert [r["size_bytes"] for r in out["rows"]] == [1 << 20, 2 << 20]
+    for row in out["rows"]:
+        assert set(row) >= {"size_bytes", "time_s", "algbw_gbps", "busbw_gbps", "correct"}
+        assert row["correct"] is True and row["busbw_gbps"] > 0
+    assert out["status"] == "pass" and out["reason"] == "AllreduceOk"
+    assert out["busbw_gbps"] == pytest.approx(out["rows"][-1]["busbw_gbps"], rel=1e-3)
+
+
+def test_gloo_table_and_slow_verdict_exit_1(tmp_path: Path) -> None:
+    env = _fixture(tmp_path, topologies.no_driver())
+    proc = _preflight("bench", "--backend", "gloo", "--min-bytes", "64K", "--max-bytes", "128K",
+                      "--min-busbw", "100000", "--debug", env=env)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("# preflight bench: gloo, 2 ranks")
+    assert any(line.split()[:2] == ["65536", "16384"] for line in lines)
+    assert "FAIL BusbwLow" in proc.stdout and "floor 100000 GB/s (--min-busbw)" in proc.stdout
+    assert "worker output (NCCL_DEBUG=INFO) kept in" in proc.stderr
+    kept = Path(proc.stderr.split("kept in ")[1].split()[0])
+    assert (kept / "rank0.log").is_file() and (kept / "rank1.log").is_file()
+    for f in kept.iterdir():
+        f.unlink()
+    kept.rmdir()
+
+
+def test_single_gpu_node_skips(tmp_path: Path) -> None:
+    env = _fixture(tmp_path, topologies.single_h200_vm())
+    proc = _preflight("bench", env=env)
+    assert proc.returncode == 0
+    assert "SKIP NotEnoughGpus: the all-reduce test needs at least 2 GPUs; 1 visible" \
+        in proc.stdout
+
+
+@pytest.mark.parametrize("args, text", [
+    (["--nproc", "1", "--backend", "gloo"], "--nproc must be >= 2"),
+    (["--backend", "gloo", "--min-bytes", "8M", "--max-bytes", "1M"], "larger than --max-bytes"),
+    (["--max-bytes", "lots"], "not a size: 'lots'"),
+    (["--backend", "nccl", "--nproc", "16"], "only 8 GPU(s) are visible"),
+])
+def test_bad_input_exits_2_without_traceback(tmp_path: Path, args: list[str], text: str) -> None:
+    proc = _preflight("bench", *args, env=_fixture(tmp_path, topologies.healthy_8x_h100()))
+    assert proc.returncode == 2
+    assert text in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("snap, reason, text", [
+    (topologies.no_driver(), "NvmlUnavailable", "NVML is not available"),
+    (topologies.single_h200_vm(), "NotEnoughGpus", "needs at least 2 GPUs; 1 visible"),
+    (topologies.snapshot([topologies.h100(0, "0000:18:00.0", compute_pids=(4242,)),
+                          topologies.h100(1, "0000:2a:00.0")]), "GpusBusy", "GPU 0 (pid 4242)"),
+])
+def test_allreduce_check_skips_with_reason(make_ctx, snap, reason, text) -> None:  # type: ignore[no-untyped-def]
+    result = allreduce.run(make_ctx(snapshot=snap))
+    assert result.status.word == "skip"
+    assert result.reason == reason
+    assert text in result.message
+
+
+def test_allreduce_check_is_registered_with_its_own_deadline(make_ctx) -> None:  # type: ignore[no-untyped-def]
+    check = next(c for c in CHECKS if c.name == "allreduce")
+    ctx = make_ctx(bench_timeout_s=50.0)
+    assert check.timeout_s is not None and check.timeout_s(ctx) == 65.0
+    assert "allreduce" not in {c.name for c in select(CHECKS, skip=["allreduce"])}
+
+
+def test_check_no_bandwidth_skips_it(tmp_path: Path) -> None:
+    env = _fixture(tmp_path, topologies.healthy_8x_h100())
+    proc = _preflight("check", "--json", "--no-bandwidth", "--only", "allreduce", env=env)
+    assert json.loads(proc.stdout)["results"] == []
+    proc = _preflight("check", "--json", "--only", "allreduce",
+                      env=_fixture(tmp_path, topologies.single_h200_vm()))
+    out = json.loads(proc.stdout)
+    assert [(r["check"], r["status"], r["reason"]) for r in out["results"]] == \
+        [("allreduce", "skip", "NotEnoughGpus")]

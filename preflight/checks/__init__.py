@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from preflight.checks import (
+    allreduce,
     cuda_devices,
     gpu_visible,
     launcher_env,
@@ -23,4 +24,6 @@ CHECKS: tuple[Check, ...] = (
     Check(master_port.NAME, master_port.run, "MASTER_ADDR resolves; MASTER_PORT free on rank 0"),
     Check(nccl_env.NAME, nccl_env.run, "no NCCL_* / TORCH_NCCL_* setting that silently hurts"),
     Check(versions.NAME, versions.run, "environment fingerprint; equal to the golden one if given"),
+    Check(allreduce.NAME, allreduce.run, "timed NCCL all-reduce: busbw, exact sum, no hang",
+          timeout_s=allreduce.timeout_s),
 )

@@ -26,6 +26,7 @@ log = logging.getLogger("preflight")
 #: sets ``func(args) -> int``. Imported when the parser is built, so they must stay light.
 SUBCOMMAND_MODULES = (
     "preflight.commands.check",
+    "preflight.commands.bench",
     "preflight.commands.fingerprint",
     "preflight.commands.serve",
 )

@@ -136,10 +136,10 @@ def _coerce(key: str, value: Any, source: str, *, from_text: bool) -> Any:
         pass
     else:  # pragma: no cover - every field type is handled above
         raise AssertionError(f"unhandled config type {hint}")
-    words = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
-             tuple: "a list of strings"}
+    kinds: dict[Any, str] = {int: "an integer", float: "a number", bool: "true or false",
+                             str: "a string", tuple: "a list of strings"}
     unset = " (or null to unset)" if optional else ""
-    raise ConfigError(f"{source}: {key} must be {words[want]}{unset}, got {value!r}")
+    raise ConfigError(f"{source}: {key} must be {kinds[want]}{unset}, got {value!r}")
 
 
 def validate(config: Config, *, source: str) -> Config:

@@ -139,9 +139,10 @@ def run(ctx: Context) -> Result:
         why = f"RANK={rank}" if rank == 0 else f"MASTER_ADDR {mine[0]} is this node's address"
         result = _check_bind(ctx, port, details, why + port_note)
         return result
+    shown = ", ".join(a for _, a in addrs)
+    shown = "" if shown == raw_addr else f" ({shown})"
     why = (f"RANK={rank}; " if rank is not None else "") + \
-        f"MASTER_ADDR {raw_addr} ({', '.join(a for _, a in addrs)}) is not one of this node's " \
-        "addresses"
+        f"MASTER_ADDR {raw_addr}{shown} is not one of this node's addresses"
     if not ctx.config.probe_master:
         return Result(NAME, Status.SKIP, "NotMasterNode",
                       f"Not rank 0's node ({why}); the port is checked on rank 0's node. "

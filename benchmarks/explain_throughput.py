@@ -1,0 +1,122 @@
+"""Throughput of ``preflight explain``'s streaming classifier on a large synthetic torchrun log.
+
+Writes a log (1 GB by default, ``--size``) into a temporary directory: 8 ranks with torchrun's
+``[defaultN]:[rankN]:`` prefixes printing training progress, NCCL INFO start-up lines, a few
+warnings, and at the end a /dev/shm failure on rank 5 followed by watchdog timeouts on the
+others. Then it classifies the file the way ``preflight explain`` does and prints MB/s, the
+peak RSS of the process (VmHWM) and the findings. Issue 6 target: >= 50 MB/s, bounded memory.
+
+    python benchmarks/explain_throughput.py --size 1G
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from preflight.explain import explain_streams
+
+RANKS = 8
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def peak_rss_bytes() -> int:
+    """VmHWM of this process (Linux), else ru_maxrss."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def write_log(path: Path, size: int) -> int:
+    """Write about ``size`` bytes of log; returns the bytes written."""
+    head = "".join(
+        f"[default{r}]:node01:{4100 + r}:{4100 + r} [{r}] NCCL INFO ncclCommInitRank comm "
+        f"0x55{r:06x} rank {r} nranks {RANKS} cudaDev {r} nvmlDev {r} busId {r}a000 "
+        f"commId 0x9f1c3e2ab4d7c1e5 - Init START\n" for r in range(RANKS))
+    block_lines = []
+    for i in range(4000):
+        r = i % RANKS
+        block_lines.append(
+            f"[default{r}]:[rank{r}]: iteration {{it}}/ 500000 | consumed samples: {{s}} | "
+            f"elapsed time per iteration (ms): 41{i % 10}.3 | learning rate: 3.000E-04 | "
+            f"lm loss: 2.{i % 997:04d}E+00 | grad norm: 1.{i % 89:03d} |\n")
+        if i % 500 == 0:
+            block_lines.append(f"[default{r}]:node01:{4100 + r}:{4190 + r} [{r}] NCCL INFO "
+                               f"Channel {i % 24:02d}/0 : {r}[{r}] -> {(r + 1) % RANKS}"
+                               f"[{(r + 1) % RANKS}] via P2P/CUMEM/read\n")
+        if i % 1999 == 0:
+            block_lines.append(f"[default{r}]:/usr/lib/python3/dist-packages/torch/utils/data/"
+                               "dataloader.py:617: UserWarning: This DataLoader will create 8 "
+                               "worker processes in total.\n")
+    template = "".join(block_lines)
+    tail = (
+        "[default5]:node01:4105:4195 [5] include/shm.h:28 NCCL WARN Error while creating shared "
+        "memory segment /dev/shm/nccl-7xQm2L (size 9637888)\n" + "".join(
+            f"[default{r}]:[rank{r}]:[E1129 10:41:17.118263522 ProcessGroupNCCL.cpp:632] "
+            f"[Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=90211, "
+            f"OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600046 "
+            f"milliseconds before timing out.\n" for r in range(RANKS) if r != 5))
+    written = 0
+    it = 0
+    with path.open("w", encoding="utf-8") as f:
+        f.write(head)
+        written += len(head)
+        while written < size:
+            chunk = template.replace("{it}", str(it)).replace("{s}", str(it * 512))
+            f.write(chunk)
+            written += len(chunk)
+            it += 1
+        f.write(tail)
+        written += len(tail)
+    return written
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="1G", help="log size, e.g. 200M, 1G (default 1G)")
+    ap.add_argument("--dir", default=None, help="where to write the temporary log")
+    args = ap.parse_args()
+    size = parse_size(args.size)
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        path = Path(tmp) / "synthetic.log"
+        t0 = time.perf_counter()
+        written = write_log(path, size)
+        gen_s = time.perf_counter() - t0
+        rss_before = peak_rss_bytes()
+        t0 = time.perf_counter()
+        with path.open("rb") as stream:
+            expl = explain_streams([(str(path), stream)])
+        dt = time.perf_counter() - t0
+        peak = peak_rss_bytes()
+    mb = written / 1e6
+    print(f"cpu: {os.cpu_count()} cores; python {sys.version.split()[0]}")
+    print("| log size | lines | time (s) | MB/s | peak RSS (MiB) | findings |")
+    print("|---:|---:|---:|---:|---:|---|")
+    print(f"| {mb:,.0f} MB | {expl.lines:,} | {dt:.2f} | {mb / dt:.0f} | {peak / 2**20:.0f} "
+          f"| {', '.join(f.reason for f in expl.findings) or 'none'} |")
+    print(f"(generation {gen_s:.1f} s; peak RSS before classifying {rss_before / 2**20:.0f} MiB; "
+          f"stalled ranks {list(expl.ranks.stalled)})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,53 @@
+"""Render an Explanation for a person (text) or a script (JSON, ARCHITECTURE.md's schema)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from preflight.explain.classifier import Explanation
+from preflight.explain.ranks import compress
+
+
+def to_json(expl: Explanation) -> str:
+    """``{"findings": [{reason, layer, message, remedy, evidence, ranks...}], "ranks": {...}}``."""
+    data: dict[str, Any] = expl.to_json()
+    return json.dumps(data, indent=2)
+
+
+def render_text(expl: Explanation) -> str:
+    """The on-call view: each finding cause-first with evidence and fix, then the ranks."""
+    size_mb = expl.bytes_read / 1e6
+    head = (f"read {len(expl.sources)} file{'s' if len(expl.sources) != 1 else ''}, "
+            f"{expl.lines} lines, {size_mb:.1f} MB")
+    if not expl.findings:
+        return f"{head}\nnothing recognised: no known failure class in these logs"
+    out = [f"{head}; {len(expl.findings)} finding{'s' if len(expl.findings) != 1 else ''}, "
+           "root cause first:", ""]
+    for i, f in enumerate(expl.findings, 1):
+        ranks = f"  ranks {compress(f.ranks)}" if f.ranks else ""
+        out.append(f"{i}. {f.reason} [{f.layer.value}]{ranks}")
+        out.append(f"   {f.message}")
+        out.append("   evidence:")
+        out.extend(f"     {e.source}:{e.line}: {e.text}" for e in f.evidence)
+        out.append(f"   fix: {f.remedy}")
+        out.append("")
+    r = expl.ranks
+    facts: list[str] = []
+    if r.world_size is not None:
+        facts.append(f"world size {r.world_size}")
+    if r.seen:
+        facts.append(f"seen {compress(r.seen)}")
+    if r.failed:
+        facts.append("failed " + ", ".join(str(x) for x in r.failed))
+    if r.root_cause is not None:
+        facts.append(f"torchrun root cause rank {r.root_cause}")
+    if r.stalled:
+        top = max(r.progress.values())
+        facts.append("stopped first " + ", ".join(
+            f"{x} (at {r.progress[x]}, others {top})" for x in r.stalled))
+    if r.never_reported:
+        facts.append(f"never reported progress {compress(r.never_reported)}")
+    if facts:
+        out.append("ranks: " + "; ".join(facts))
+    return "\n".join(out).rstrip()

@@ -1,0 +1,378 @@
+"""The failure classes ``preflight explain`` recognises: one Rule per reason.
+
+Each rule names the article's layer (environment, communication, data, model; plus hardware), the
+regexes that recognise it, a message template and the remedy (the seed article's sections 2-6 and
+../reference/nccl.md). Rules are plain data so that docs/explain.md and the tests can walk them.
+
+Regexes run on one line at a time (a line is at most a few KiB after the reader's cut), use only
+bounded repetitions or character classes followed by literals, and never nest quantifiers, so no
+input can make them backtrack for long (tests/explain property-tests them on garbage).
+
+``tier`` orders findings cause-first (issue 6, "root cause first"): 0 an origin (a full /dev/shm, a
+NIC error, an OOM), 1 an error that usually wraps an origin (ncclSystemError, a rendezvous
+timeout), 2 a symptom of another rank's death (the watchdog timeout, broken pipes).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+
+class Layer(str, enum.Enum):
+    """Where a failure lives: the article's four layers (section 1.3) plus hardware."""
+
+    ENVIRONMENT = "environment"
+    COMMUNICATION = "communication"
+    DATA = "data"
+    MODEL = "model"
+    HARDWARE = "hardware"
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """One way a failure class shows up in a log.
+
+    Attributes:
+        regex: searched in one decoded line.
+        message: ``str.format`` template over the regex's named groups (all must be in the regex
+            and always participate in a match).
+        layer: overrides the rule's layer for this pattern (``ShmExhausted`` is communication for
+            NCCL, data for a DataLoader worker).
+        follow: how many following lines to add to the evidence (NCCL's "Last error:" detail).
+    """
+
+    regex: re.Pattern[str]
+    message: str
+    layer: Layer | None = None
+    follow: int = 0
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A failure class: reason token, layer, cause-first tier, remedy, patterns, an example line."""
+
+    reason: str
+    layer: Layer
+    tier: int
+    remedy: str
+    patterns: tuple[Pattern, ...]
+    example: str
+
+
+def _p(regex: str, message: str, *, layer: Layer | None = None, follow: int = 0) -> Pattern:
+    return Pattern(re.compile(regex), message, layer, follow)
+
+
+ORIGIN, WRAPPER, SYMPTOM = 0, 1, 2
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "PortInUse", Layer.ENVIRONMENT, ORIGIN,
+        "another process (often a previous job on the default port 29500) holds MASTER_PORT: "
+        "see who with `ss -ltnp 'sport = :29500'`, or give each job its own port: "
+        "`export MASTER_PORT=$((RANDOM + 20000))` / `torchrun --master_port=29501` "
+        "(article 2.2); every node must use the same port",
+        (
+            _p(r"failed to listen on any local network address\. port: (?P<port>\d{1,5})",
+               "the TCPStore (MASTER_PORT) could not listen on port {port}: address already in "
+               "use"),
+            _p(r"failed to bind to (?P<addr>\S{1,300}) \(errno: 98",
+               "the TCPStore (MASTER_PORT) could not bind {addr}: address already in use"),
+            _p(r"(?i:address already in use)|EADDRINUSE",
+               "a socket could not bind: address already in use (MASTER_PORT or the store)"),
+        ),
+        "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
+        "network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, "
+        "message: address already in use",
+    ),
+    Rule(
+        "MissingLauncherEnv", Layer.ENVIRONMENT, ORIGIN,
+        "launch with torchrun (`torchrun --nproc_per_node=N train.py`), which sets RANK, "
+        "LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; with mp.spawn or a notebook pass "
+        "rank= and world_size= to init_process_group and export MASTER_ADDR/MASTER_PORT "
+        "(article 2.1); under srun map SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID",
+        (
+            _p(r"environment variable (?P<var>[A-Z_]{2,40}) expected, but not set",
+               "the launcher variable {var} is not set (env:// rendezvous)"),
+            _p(r"Invalid environment variable:? (?P<var>[A-Z_]{2,40})",
+               "the launcher variable {var} is not set or not valid"),
+            _p(r"KeyError: '(?P<var>RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|MASTER_ADDR|"
+               r"MASTER_PORT|GROUP_RANK)'",
+               "the script reads {var} from the environment but the launcher did not set it"),
+        ),
+        "ValueError: Error initializing torch.distributed using env:// rendezvous: environment "
+        "variable RANK expected, but not set",
+    ),
+    Rule(
+        "InvalidDeviceOrdinal", Layer.ENVIRONMENT, ORIGIN,
+        "select the GPU by LOCAL_RANK, not RANK: `torch.cuda.set_device(int(os.environ"
+        "[\"LOCAL_RANK\"]))` and `DDP(model, device_ids=[local_rank])`; after "
+        "CUDA_VISIBLE_DEVICES=2,3,4,5 the visible GPUs are 0-3 (article 1.1, 2.3); keep "
+        "--nproc_per_node <= visible GPUs (`preflight check --only cuda_devices`)",
+        (
+            _p(r"invalid device ordinal",
+               "a process asked for a CUDA device that does not exist (invalid device ordinal)"),
+        ),
+        "RuntimeError: CUDA error: invalid device ordinal",
+    ),
+    Rule(
+        "DuplicateGpu", Layer.ENVIRONMENT, ORIGIN,
+        "two ranks use the same GPU: call `torch.cuda.set_device(local_rank)` before "
+        "init_process_group (or pass device_id=torch.device('cuda', local_rank)), and check that "
+        "CUDA_VISIBLE_DEVICES does not give every rank the same single GPU",
+        (
+            _p(r"Duplicate GPU detected ?: rank (?P<a>\d{1,7}) and rank (?P<b>\d{1,7}) both on "
+               r"CUDA device (?P<dev>[0-9a-fA-F]{1,16})",
+               "ranks {a} and {b} are both on the GPU with bus id {dev}"),
+            _p(r"Duplicate GPU detected", "two ranks of one communicator are on the same GPU"),
+        ),
+        "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1b000",
+    ),
+    Rule(
+        "NoSocketInterface", Layer.COMMUNICATION, ORIGIN,
+        "NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME names no usable interface: list them with "
+        "`ip -br addr` and set the data NIC, e.g. `export NCCL_SOCKET_IFNAME=eth0 "
+        "GLOO_SOCKET_IFNAME=eth0` (a prefix matches eth0, eth1...; `=eth0` is exact; no spaces "
+        "after commas) (article 3.2, nccl.md section 3)",
+        (
+            _p(r"Bootstrap ?: no socket interface found",
+               "NCCL's bootstrap found no socket interface to use"),
+            _p(r"NET/Socket ?: no interface found|No usable listening interface found",
+               "NCCL's socket transport found no interface to use"),
+            _p(r"Unable to find address for:? (?P<ifname>\S{1,64})",
+               "gloo found no address for interface {ifname} (GLOO_SOCKET_IFNAME)"),
+        ),
+        "node01:4102:4102 [0] NCCL WARN Bootstrap : no socket interface found",
+    ),
+    Rule(
+        "ShmExhausted", Layer.COMMUNICATION, ORIGIN,
+        "/dev/shm is too small or full: give the container more, `docker run --shm-size=16g "
+        "--ulimit memlock=-1` (Kubernetes: an emptyDir with medium: Memory at /dev/shm), then "
+        "`preflight check --only shm`; workarounds: `export NCCL_SHM_DISABLE=1` for NCCL, fewer "
+        "DataLoader num_workers for data loading (article 3.2, nccl.md section 6)",
+        (
+            _p(r"Error while creating shared memory segment (?P<path>\S{1,300}) \(size "
+               r"(?P<size>\d{1,20})\)",
+               "NCCL could not create the shared-memory segment {path} ({size} B) in /dev/shm"),
+            _p(r"failed to extend (?P<path>\S{1,300}) to (?P<size>\d{1,20}) bytes",
+               "NCCL could not grow {path} to {size} B: /dev/shm is full"),
+            _p(r"posix_fallocate failed ?: No space left on device",
+               "NCCL could not allocate a shared-memory segment: /dev/shm is full"),
+            _p(r"DataLoader worker \(pid \d{1,10}\) is killed by signal: Bus error",
+               "a DataLoader worker died of a bus error: /dev/shm is out of space",
+               layer=Layer.DATA),
+            _p(r"Unexpected bus error encountered in worker",
+               "a DataLoader worker hit a bus error: insufficient shared memory (/dev/shm)",
+               layer=Layer.DATA),
+            _p(r"unable to (?:write to|mmap \d{1,20} bytes from) file </torch_",
+               "PyTorch could not put a tensor in shared memory (/dev/shm full)",
+               layer=Layer.DATA),
+            _p(r"No space left on device[^\n]{0,40}/dev/shm|/dev/shm[^\n]{0,300}No space left",
+               "no space left in /dev/shm", layer=Layer.DATA),
+        ),
+        "node01:4102:4187 [2] NCCL WARN Error while creating shared memory segment "
+        "/dev/shm/nccl-7xQm2L (size 9637888)",
+    ),
+    Rule(
+        "NcclIbError", Layer.HARDWARE, ORIGIN,
+        "an InfiniBand/RoCE link or HCA failed: check the port (`ibstat`, `ibv_devinfo`: State "
+        "Active) and its error counters, reseat/replace the cable or drain the node; exclude a bad "
+        "HCA with `export NCCL_IB_HCA==mlx5_0,mlx5_1`; on a flaky fabric raise "
+        "`NCCL_IB_TIMEOUT=22`; for ibv_reg_mr failures raise the memlock limit "
+        "(`ulimit -l unlimited`, docker `--ulimit memlock=-1`); NCCL_IB_DISABLE=1 only to confirm "
+        "(it falls back to slow sockets)",
+        (
+            _p(r"NET/IB ?: Got completion (?:from peer (?P<peer>\S{1,80}) )?with (?:status|error) "
+               r"(?P<code>\d{1,4})",
+               "an InfiniBand work completion failed with status {code}"),
+            _p(r"NET/IB[^\n]{0,200}(?:failed|[Ee]rror)",
+               "the NCCL InfiniBand transport reported an error", layer=Layer.COMMUNICATION),
+            _p(r"(?:Call to )?(?P<call>ibv_\w{1,40})[^\n]{0,80}failed",
+               "the verbs call {call} failed", layer=Layer.COMMUNICATION),
+        ),
+        "node02:5120:5301 [3] NCCL WARN NET/IB : Got completion from peer 10.1.0.12<49152> with "
+        "status 12 opcode 0 len 0 vendor err 129 (Recv)",
+    ),
+    Rule(
+        "GpuHardwareError", Layer.HARDWARE, ORIGIN,
+        "the GPU itself failed: drain the node, read `dmesg | grep -i xid` and `nvidia-smi -q -d "
+        "ECC,ROW_REMAPPER`, reset the GPU or send it for repair; `preflight check --only "
+        "gpu_visible` must pass before the node takes jobs again",
+        (
+            _p(r"NVRM: Xid \((?P<pci>[^)\n]{1,40})\): (?P<xid>\d{1,4})",
+               "the NVIDIA driver reported Xid {xid} on GPU {pci}"),
+            _p(r"uncorrectable ECC error", "a GPU reported an uncorrectable ECC error"),
+            _p(r"fallen off the bus|GPU is lost", "a GPU fell off the bus (lost)"),
+            _p(r"uncorrectable NVLink error", "an NVLink link reported an uncorrectable error"),
+        ),
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=4102, name=python, GPU has fallen off the bus.",
+    ),
+    Rule(
+        "CudaOutOfMemory", Layer.MODEL, ORIGIN,
+        "the rank ran out of GPU memory: lower the per-GPU batch size, use activation "
+        "checkpointing or mixed precision; for fragmentation `export PYTORCH_CUDA_ALLOC_CONF="
+        "expandable_segments:True`; if several ranks share one GPU (set_device(rank) instead of "
+        "local_rank) or another process holds memory, fix that first (`nvidia-smi`)",
+        (
+            _p(r"CUDA out of memory\. Tried to allocate (?P<size>[\d.]{1,12} ?[KMGT]i?B)",
+               "CUDA out of memory while allocating {size}"),
+            _p(r"CUDA out of memory|CUDA error: out of memory|Cuda failure 'out of memory'|"
+               r"OutOfMemoryError",
+               "CUDA out of memory"),
+        ),
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a "
+        "total capacity of 79.19 GiB of which 1.21 GiB is free.",
+    ),
+    Rule(
+        "IllegalMemoryAccess", Layer.MODEL, ORIGIN,
+        "a kernel read or wrote outside its memory: rerun with `CUDA_LAUNCH_BLOCKING=1` to see "
+        "the failing op (or under `compute-sanitizer`); check indices/custom kernels; if `dmesg` "
+        "shows Xid 48/79 instead of 13/31/43 it is the hardware, drain the node",
+        (
+            _p(r"an illegal memory access was encountered",
+               "a CUDA kernel made an illegal memory access"),
+            _p(r"misaligned address", "a CUDA kernel made a misaligned memory access"),
+        ),
+        "RuntimeError: CUDA error: an illegal memory access was encountered",
+    ),
+    Rule(
+        "DeviceMismatch", Layer.MODEL, ORIGIN,
+        "derive every device from LOCAL_RANK (`device = torch.device('cuda', local_rank)`), call "
+        "`torch.cuda.set_device(local_rank)` before creating any tensor, move the model before "
+        "wrapping it in DDP and move each batch with `.to(device)`; never hard-code cuda:0 "
+        "(article 5.3)",
+        (
+            _p(r"Expected all tensors to be on the same device",
+               "an op got tensors on different devices"),
+            _p(r"Tensors must be CUDA and dense|No backend type associated with device type cpu",
+               "a CPU tensor was passed to an NCCL collective"),
+        ),
+        "RuntimeError: Expected all tensors to be on the same device, but found at least two "
+        "devices, cuda:0 and cuda:1!",
+    ),
+    Rule(
+        "UnusedParameters", Layer.MODEL, ORIGIN,
+        "some parameters got no gradient this iteration: find them with "
+        "`TORCH_DISTRIBUTED_DEBUG=DETAIL` (it names them), then make every parameter take part "
+        "in the loss or move the unused part out of the DDP-wrapped module; "
+        "`DDP(..., find_unused_parameters=True)` works but slows every step (article 5.2, 6.4); "
+        "move the model to the GPU before wrapping it in DDP (article 5.1)",
+        (
+            _p(r"Expected to have finished reduction in the prior iteration",
+               "DDP finished an iteration without gradients for every parameter (unused "
+               "parameters)"),
+            _p(r"Parameter indices which did not receive grad for rank (?P<rank>\d{1,7}): "
+               r"(?P<idx>[\d ]{1,200})",
+               "rank {rank}: parameters {idx} received no gradient"),
+        ),
+        "RuntimeError: Expected to have finished reduction in the prior iteration before "
+        "starting a new one. This error indicates that your module has parameters that were not "
+        "used in producing loss.",
+    ),
+    Rule(
+        "DataLoaderWorkerDied", Layer.DATA, ORIGIN,
+        "a DataLoader worker process died: if it was SIGKILL check the host's memory (`dmesg | "
+        "grep -i oom`) and lower num_workers / prefetch_factor; run once with num_workers=0 to "
+        "see the real exception of the dataset code",
+        (
+            _p(r"DataLoader worker \(pid\(?s?\)? ?[\d, ]{1,60}\) (?:exited unexpectedly|is killed "
+               r"by signal: (?:Killed|Segmentation fault|Aborted))",
+               "a DataLoader worker process died"),
+        ),
+        "RuntimeError: DataLoader worker (pid(s) 51234) exited unexpectedly",
+    ),
+    Rule(
+        "NcclSystemError", Layer.COMMUNICATION, WRAPPER,
+        "read the NCCL WARN line and the 'Last error:' detail above it; rerun with "
+        "`NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET` to see the interface and transport NCCL "
+        "picked; usual causes: wrong NCCL_SOCKET_IFNAME, a firewall between nodes, a full "
+        "/dev/shm, an IB port down; to isolate, run the same code with backend='gloo' "
+        "(article 6.3) and `preflight check` on every node",
+        (
+            _p(r"unhandled system error|ncclSystemError",
+               "NCCL reported a system error (a socket, shared memory or device call failed)",
+               follow=2),
+            _p(r"ncclInternalError|internal error - please report this issue to the NCCL",
+               "NCCL reported an internal error", follow=2),
+            _p(r"ncclUnhandledCudaError|unhandled cuda error",
+               "NCCL reported a CUDA call failure", follow=2),
+            _p(r"ncclInvalidUsage|invalid usage \(run with NCCL_DEBUG",
+               "NCCL reported invalid usage", follow=2),
+        ),
+        "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+        "NCCLUtils.hpp:317, unhandled system error (run with NCCL_DEBUG=INFO for details), "
+        "NCCL version 2.21.5",
+    ),
+    Rule(
+        "RendezvousTimeout", Layer.ENVIRONMENT, WRAPPER,
+        "the ranks never met: every node needs the same MASTER_ADDR and MASTER_PORT, the master "
+        "must be reachable (`nc -zv $MASTER_ADDR $MASTER_PORT` from each node, open the port in "
+        "the firewall), and all --nnodes nodes must start; pin the interface with "
+        "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME on multi-homed hosts (article 2.2)",
+        (
+            _p(r"Timed out after (?P<s>\d{1,9}) seconds waiting for clients\. "
+               r"(?P<n>\d{1,7})/(?P<w>\d{1,7}) clients joined",
+               "the store on MASTER_ADDR waited {s} s but only {n} of {w} ranks joined"),
+            _p(r"client socket has timed out after (?P<t>\d{1,12}m?s) while trying to connect "
+               r"to \((?P<host>[^,\n]{1,255}), (?P<port>\d{1,5})\)",
+               "a rank could not connect to the store at {host}:{port} within {t}"),
+            _p(r"wait timeout after (?P<t>\d{1,12})ms, keys:",
+               "a rank waited {t} ms for the other ranks' keys in the store"),
+            _p(r"RendezvousTimeoutError|[Rr]endezvous[^\n]{0,120}timed out|"
+               r"Initialization timed out|Socket Timeout|connectFullMesh failed",
+               "the rendezvous (store or gloo connect) timed out"),
+        ),
+        "torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. "
+        "3/4 clients joined.",
+    ),
+    Rule(
+        "CollectiveTimeout", Layer.COMMUNICATION, SYMPTOM,
+        "a collective waited past the process-group timeout: the ranks that did NOT time out (or "
+        "stopped printing first) are the suspects, look at their log and GPU; rerun with "
+        "`NCCL_DEBUG=INFO` and `TORCH_NCCL_TRACE_BUFFER_SIZE=2000` (flight recorder); raise "
+        "init_process_group(timeout=timedelta(minutes=60)) only once you know the step is slow, "
+        "not dead (article 3.1, 3.3)",
+        (
+            _p(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d{1,20}),"
+               r" OpType=(?P<op>\w{1,40})[^\n]{0,400}?Timeout\(ms\)=(?P<ms>\d{1,12})\)",
+               "the NCCL watchdog aborted {op} SeqNum={seq} after its {ms} ms timeout"),
+            _p(r"watchdog got stuck for (?P<s>\d{1,9}) seconds",
+               "the ProcessGroupNCCL watchdog made no progress for {s} s (an NCCL call hangs)"),
+            _p(r"Watchdog caught collective operation timeout",
+               "the NCCL watchdog aborted a collective after its timeout"),
+            _p(r"Timed out waiting (?P<ms>\d{1,12})ms for (?:recv|send) operation",
+               "a gloo collective timed out after {ms} ms"),
+            _p(r"failed to pass monitoredBarrier", "ranks failed to reach a monitored barrier"),
+        ),
+        "[rank0]:[E1129 10:42:17.118263522 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught "
+        "collective operation timeout: WorkNCCL(SeqNum=4127, OpType=ALLREDUCE, NumelIn=2359296, "
+        "NumelOut=2359296, Timeout(ms)=600000) ran for 600046 milliseconds before timing out.",
+    ),
+    Rule(
+        "PeerConnectionLost", Layer.COMMUNICATION, SYMPTOM,
+        "a peer process went away: this is a consequence, look for the first rank that failed "
+        "(the findings above, torchrun's 'Root Cause' block) and fix that",
+        (
+            _p(r"ncclRemoteError|remote process exited", "NCCL lost a remote peer",
+               follow=2),
+            _p(r"Broken pipe|Connection reset by peer|Connection closed by peer",
+               "a connection to another rank or the store broke (peer gone)"),
+        ),
+        "[rank1]:[E1129 10:42:18.004120811 ProcessGroupNCCL.cpp:1684] [PG ID 0 PG GUID 0"
+        "(default_pg) Rank 1] Process group watchdog thread terminated with exception: "
+        "Connection reset by peer",
+    ),
+)
+
+#: Substrings that every line a rule (or a rank fact) can match contains at least one of. The
+#: classifier looks only at lines holding one of them (a fast ``bytes.find`` over a block): almost
+#: every error line holds "rror" (XxxError:, error) or NCCL's "WARN"; the detail lines NCCL puts
+#: after "Last error:" are taken by ``Pattern.follow``. Each anchor costs one pass over the block.
+ANCHORS: tuple[bytes, ...] = (
+    b"rror", b"WARN", b"imed out", b"imeout", b"in use", b"by peer", b"Xid", b"fallen off",
+    b"ncclCommInitRank", b"global_world_sizes", b"(local_rank:", b"SOCKET_IFNAME set",
+)
+
+BY_REASON: dict[str, Rule] = {r.reason: r for r in RULES}

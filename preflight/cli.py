@@ -29,6 +29,7 @@ SUBCOMMAND_MODULES = (
     "preflight.commands.bench",
     "preflight.commands.fingerprint",
     "preflight.commands.serve",
+    "preflight.commands.explain",
 )
 
 EPILOG = """\

@@ -373,7 +373,8 @@ class Daemon:
             stats = DaemonStats(runs_total=self._runs_total,
                                 check_errors_total=dict(self._errors),
                                 config_reload_success=self._reload_ok,
-                                bandwidth_timestamp_s=self._bandwidth_at)
+                                bandwidth_timestamp_s=self._bandwidth_at,
+                                interval_s=self.config.interval_s)
         return MetricsSnapshot(report=self.report(), known_checks=self.known_checks,
                                daemon=stats)
 

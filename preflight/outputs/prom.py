@@ -48,12 +48,15 @@ class DaemonStats:
         check_errors_total: runs per check whose verdict was ERROR (crash, deadline).
         config_reload_success: 1 when the last (re)load of the config file worked, else 0.
         bandwidth_timestamp_s: when the last bandwidth run finished; 0 = never.
+        interval_s: seconds between node-check runs, so that alert rules can say "no run for 3
+            intervals" without knowing each node's config.
     """
 
     runs_total: int = 0
     check_errors_total: Mapping[str, int] = field(default_factory=dict)
     config_reload_success: bool = True
     bandwidth_timestamp_s: float = 0.0
+    interval_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -272,6 +275,10 @@ def _daemon_metrics(stats: DaemonStats, checks: Sequence[str]) -> Iterator[Metri
         "preflight_allreduce_last_run_timestamp_seconds",
         "Unix time the last bandwidth test finished; 0 = none yet.",
         value=stats.bandwidth_timestamp_s)
+    yield GaugeMetricFamily(
+        "preflight_check_interval_seconds",
+        "Configured seconds between node-check runs (interval_s); results older than three "
+        "intervals are stale.", value=stats.interval_s)
 
 
 def make_registry(source: Callable[[], MetricsSnapshot]) -> CollectorRegistry:

@@ -1,0 +1,67 @@
+"""``preflight explain`` as a person runs it: exit codes, stdin, JSON schema, clear usage errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from preflight.cli import main
+
+LOGS = Path(__file__).parent / "logs"
+
+
+def test_findings_exit_1_and_json_has_the_documented_schema(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", "--json", str(LOGS / "shm_then_watchdog.log")]) == 1
+    data = json.loads(capsys.readouterr().out)
+    first = data["findings"][0]
+    assert {"reason", "layer", "message", "remedy", "evidence", "ranks"} <= set(first)
+    assert first["reason"] == "ShmExhausted" and first["layer"] == "communication"
+    assert first["evidence"][0]["line"] == 24
+    assert "--shm-size" in first["remedy"]
+    assert data["ranks"]["root_cause"] == 2
+
+
+def test_nothing_recognised_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", str(LOGS / "healthy_training.log"),
+                 str(LOGS / "healthy_nccl_info.log")]) == 0
+    assert "nothing recognised" in capsys.readouterr().out
+
+
+def test_text_output_shows_fix_and_evidence(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", str(LOGS / "port_in_use.log")]) == 1
+    out = capsys.readouterr().out
+    assert "PortInUse [environment]" in out
+    assert "port_in_use.log:9:" in out
+    assert "MASTER_PORT" in out
+
+
+@pytest.mark.parametrize("bad", ["missing.log", "DIR"])
+def test_missing_file_or_directory_is_a_usage_error(
+        bad: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path if bad == "DIR" else tmp_path / bad
+    assert main(["explain", str(LOGS / "port_in_use.log"), str(path)]) == 2
+    err = capsys.readouterr()
+    assert str(path) in err.err and "Traceback" not in err.err and err.out == ""
+
+
+def test_stdin_dash_reads_standard_input() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "preflight", "explain", "--json", "-"],
+        input=(LOGS / "oom_broken_pipe.log").read_bytes(), capture_output=True, timeout=60,
+        check=False)
+    assert proc.returncode == 1, proc.stderr
+    data = json.loads(proc.stdout)
+    assert [f["reason"] for f in data["findings"]] == ["CudaOutOfMemory", "PeerConnectionLost"]
+    assert data["findings"][0]["evidence"][0]["source"] == "-"
+
+
+def test_binary_file_is_not_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "core"
+    path.write_bytes(bytes(range(256)) * 64 + b"\xff\xfe RuntimeError: CUDA out of memory\x00")
+    assert main(["explain", str(path)]) == 1
+    assert "CudaOutOfMemory" in capsys.readouterr().out

@@ -1,0 +1,65 @@
+"""Garbage, binary and adversarial input never crashes the parsers nor makes a regex crawl."""
+
+from __future__ import annotations
+
+import io
+import time
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from preflight.explain import RULES, explain_streams, match_line
+from preflight.explain.classifier import Classifier
+from preflight.explain.ranks import line_rank, progress_of
+
+FRAGMENTS = [
+    "[rank3]:", "[default1]:", "[Rank 2]", "node01:12:13 [0] ", "NCCL WARN ", "NET/IB : ",
+    "rank 3 nranks 8", "iteration ", "step ", "SeqNum=", "OpType=", "Timeout(ms)=",
+    "Watchdog caught collective operation timeout: WorkNCCL(", "Duplicate GPU detected : rank ",
+    "(local_rank: ", "global_world_sizes=[", "Error", "\n", "9", " ", "ibv_", "/dev/shm",
+]
+soup = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=20)), max_size=60).map(
+    "".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(soup)
+def test_line_functions_never_raise_on_log_soup(text: str) -> None:
+    line_rank(text)
+    progress_of(text)
+    match_line(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=4000), st.integers(min_value=1, max_value=512))
+def test_classifier_survives_any_bytes_in_any_blocks(data: bytes, block: int) -> None:
+    from preflight.explain import iter_blocks
+
+    c = Classifier()
+    c.begin("rank2.log")
+    for b in iter_blocks(io.BytesIO(data), block_bytes=block, max_line_bytes=1024):
+        c.feed(b)
+    expl = c.finish()
+    assert expl.bytes_read >= len(data)
+    for f in expl.findings:
+        assert all(len(e.text) <= 403 for e in f.evidence)
+
+
+@settings(max_examples=100, deadline=None)
+@given(soup)
+def test_classifier_survives_log_soup(text: str) -> None:
+    explain_streams([("-", io.BytesIO(text.encode("utf-8", "surrogatepass")))])
+
+
+def test_adversarial_long_lines_stay_fast() -> None:
+    """Near-misses repeated over a megabyte line: bounded regexes keep it well under a second."""
+    bad = ["ibv_" + "a" * 39, "NET/IB " * 30, "Watchdog caught collective operation timeout: "
+           "WorkNCCL(SeqNum=1, OpType=X" + "(" * 300, "[" + "a" * 30 + "1" * 7, "Rendezvous ",
+           "rank 1 nranks ", "/dev/shm" + " " * 290, "Timed out after 1 seconds waiting "]
+    line = ("".join(bad) * 2000).encode()[:1 << 20] + b"\n"
+    start = time.perf_counter()
+    explain_streams([("-", io.BytesIO(line * 3))])
+    for rule in RULES:
+        for pat in rule.patterns:
+            pat.regex.search(line.decode()[:4096])
+    assert time.perf_counter() - start < 5

@@ -14,6 +14,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from preflight import __version__
 from preflight.context import Context
@@ -110,4 +111,23 @@ def run_checks(ctx: Context, checks: Sequence[Check], *, mode: str = "check") ->
             "driver shows in dmesg as Xid errors), or raise check_timeout_s.",
             details={"timeout_s": timeout, "waiting_on": waiting},
             duration_s=time.monotonic() - started))
-    return Report(results=tuple(results), version=__version__, mode=mode)
+    return _lift(results, mode=mode)
+
+
+#: Detail keys whose (large) value belongs to the Report rather than to one result.
+_REPORT_FIELDS = ("fingerprint", "bandwidth")
+
+
+def _lift(results: Sequence[Result], *, mode: str) -> Report:
+    """Move ``details["fingerprint"]`` / ``details["bandwidth"]`` into the Report's own fields, so
+    the JSON carries them once."""
+    lifted: dict[str, Any] = {}
+    out = []
+    for r in results:
+        found = {k: r.details[k] for k in _REPORT_FIELDS if k in r.details}
+        if found:
+            lifted.update(found)
+            r = replace(r, details={k: v for k, v in r.details.items() if k not in found})
+        out.append(r)
+    return Report(results=tuple(out), version=__version__, mode=mode,
+                  fingerprint=lifted.get("fingerprint"), bandwidth=lifted.get("bandwidth"))

@@ -50,5 +50,6 @@ def run(ctx: Context) -> Result:
     with activity("the all-reduce workers (preflight bench)"):
         result = run_bench(ctx, the_plan, min_busbw_gbps=floor,
                            floor_source="min_busbw_gbps / --min-busbw")
+    # The whole run (rows, devices, NCCL summary) goes to Report.bandwidth (lifted by the runner).
     return Result(NAME, result.status, result.reason, result.message, result.remedy,
-                  details=result.details())
+                  details={**result.details(), "bandwidth": result.to_json()})

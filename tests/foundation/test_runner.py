@@ -69,3 +69,19 @@ def test_select_only_and_skip() -> None:
     assert [c.name for c in select(checks, skip=["b"])] == ["a", "c"]
     with pytest.raises(SelectionError, match="unknown check"):
         select(checks, only=["nope"])
+
+
+def test_fingerprint_and_bandwidth_details_are_lifted_into_the_report(make_ctx: MakeCtx) -> None:
+    def versions(ctx: Context) -> Result:
+        return Result("versions", Status.PASS, "VersionsRecorded", "ok",
+                      details={"sha256": "ab", "fingerprint": {"torch": "2.13.0"}})
+
+    def allreduce(ctx: Context) -> Result:
+        return Result("allreduce", Status.PASS, "AllreduceOk", "ok",
+                      details={"busbw_gbps": 330.0, "bandwidth": {"rows": []}})
+
+    report = run_checks(make_ctx(), [Check("versions", versions, ""),
+                                     Check("allreduce", allreduce, "")])
+    assert report.fingerprint == {"torch": "2.13.0"}
+    assert report.bandwidth == {"rows": []}
+    assert [dict(r.details) for r in report.results] == [{"sha256": "ab"}, {"busbw_gbps": 330.0}]

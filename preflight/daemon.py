@@ -613,6 +613,9 @@ class Daemon:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
+    # socketserver's default backlog of 5 makes the 6th simultaneous connection wait for a SYN
+    # retransmit (1 s, then 3 s): a fleet of Prometheus replicas or a burst of clients must not.
+    request_queue_size = 128
     preflight: Daemon
 
 

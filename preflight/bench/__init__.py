@@ -8,6 +8,8 @@ runs it through :mod:`preflight.bench.parent` (which never imports torch) and ju
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -53,9 +55,9 @@ def visible_gpus(ctx: Context) -> tuple[tuple[Gpu, ...], int, str | None]:
     return healthy, min(len(healthy), len([e for e in cvd.split(",") if e.strip()])), None
 
 
-def _skip(backend: str, reason: str, message: str) -> BenchResult:
+def _skip(backend: str, reason: str, message: str, remedy: str = "") -> BenchResult:
     return BenchResult(backend=backend, world_size=0, devices=(), rows=(), status=Status.SKIP,
-                       reason=reason, message=message)
+                       reason=reason, message=message, remedy=remedy)
 
 
 def plan(ctx: Context, *, backend: str | None = None, nproc: int | None = None,
@@ -107,7 +109,13 @@ def plan(ctx: Context, *, backend: str | None = None, nproc: int | None = None,
     labels = tuple("CPU" if chosen == "gloo" else
                    f"GPU {used[r].index}, {used[r].pci_bus_id}" if r < len(used) else f"cuda:{r}"
                    for r in range(count))
-    opts = BenchOptions(backend=chosen, nproc=count, sizes=sizes,
+    python = cfg.python or sys.executable
+    if python == sys.executable and importlib.util.find_spec("torch") is None:
+        return Plan(None, used, (), _skip(chosen, "TorchMissing",
+                    f"the all-reduce test needs torch, which {python} cannot import",
+                    "Run it in the training environment: --python /path/to/venv/bin/python "
+                    "(config key python), or install torch next to preflight."))
+    opts = BenchOptions(backend=chosen, nproc=count, sizes=sizes, python=python,
                         timeout_s=timeout_s if timeout_s is not None else cfg.bench_timeout_s,
                         iters=ITERS[chosen], warmup=WARMUP[chosen], debug=debug, labels=labels,
                         env=ctx.env)

@@ -5,7 +5,8 @@ Why a separate parent: a collective that hangs cannot be interrupted from inside
 waits in it (the article, sections 3.3 and 6.2: tell "slow" from "dead", find the first rank that
 stopped). The parent owns every deadline, and reports which rank did not reach which phase.
 
-Processes: one worker per rank, ``sys.executable -m preflight.bench.worker`` (argv list), each the
+Processes: one worker per rank, ``PYTHON .../bench/worker.py`` (argv list; PYTHON is config
+``python`` or this interpreter), each the
 leader of a new session (``start_new_session``, safe from threads and on Python 3.10), so the
 parent can kill each worker's whole process group; stdout and stderr go to one log file per rank
 (NCCL_DEBUG writes there), progress comes as JSON lines on a dedicated pipe.
@@ -48,6 +49,10 @@ HEARTBEAT_SILENT_S = 2.0
 #: After the first sign of failure, how long to keep reading so the first cause is the one named.
 GRACE_S = 0.5
 _DONE_STEP = 1 << 30
+
+
+#: The worker program (stdlib + torch only).
+WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 
 
 @dataclass(frozen=True)
@@ -229,7 +234,10 @@ def run_workers(opts: BenchOptions, *,
 def _spawn(st: RankState, opts: BenchOptions, *, env: dict[str, str], log_dir: str,
            sel: selectors.BaseSelector, logs: list[Any]) -> Failure | None:
     read_fd, write_fd = os.pipe()
-    argv = [opts.python, "-m", "preflight.bench.worker", "--rank", str(st.rank),
+    # Run as a script, not `-m preflight.bench.worker`: the worker needs only the standard library
+    # and torch, so it also runs under the training environment's interpreter (config `python`),
+    # which need not have preflight's own dependencies.
+    argv = [opts.python, str(WORKER_SCRIPT), "--rank", str(st.rank),
             "--world-size", str(opts.nproc), "--backend", opts.backend,
             "--sizes", ",".join(str(s) for s in opts.sizes), "--iters", str(opts.iters),
             "--warmup", str(opts.warmup), "--progress-fd", str(write_fd),

@@ -167,8 +167,9 @@ def judge(record: RunRecord, *, gpus: Sequence[Gpu] = (),
                 break
         reason = {"died": "WorkerDied", "spawn": "WorkerSpawnFailed"}.get(f.kind, "WorkerFailed")
         missing_torch = "No module named 'torch'" in f.message
-        remedy = ("Install torch in the interpreter running preflight "
-                  "(pip install 'cluster-preflight[torch]')." if missing_torch else
+        remedy = (f"The workers ran {record.options.python}, which has no torch: point "
+                  "--python (config key python) at the training environment's interpreter, or "
+                  "install torch there." if missing_torch else
                   "See the named rank's error; a rank killed by SIGKILL is often the OOM killer "
                   "(dmesg | grep -i oom)." + log_text)
         return BenchResult(**base, status=Status.ERROR, reason=reason,

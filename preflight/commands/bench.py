@@ -48,6 +48,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "the built-in table: FAIL below 0.9 x expected)")
     p.add_argument("--timeout", type=float, metavar="S",
                    help="deadline of the whole run in seconds (default bench_timeout_s, 120)")
+    p.add_argument("--python", metavar="PATH",
+                   help="interpreter whose torch/NCCL the workers use: the training environment "
+                        "(default: config key python, else the one running preflight)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--debug", action="store_true",
                    help="run the workers with NCCL_DEBUG=INFO, keep their output in a directory "
@@ -61,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from preflight.bench.verdict import render_table
 
     ctx = build_context(args, {"min_busbw_gbps": args.min_busbw,
-                               "bench_timeout_s": args.timeout})
+                               "bench_timeout_s": args.timeout, "python": args.python})
     try:
         the_plan = plan(ctx, backend=args.backend, nproc=args.nproc, min_bytes=args.min_bytes,
                         max_bytes=args.max_bytes, debug=args.debug)

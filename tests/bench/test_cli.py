@@ -111,3 +111,19 @@ def test_check_no_bandwidth_skips_it(tmp_path: Path) -> None:
     out = json.loads(proc.stdout)
     assert [(r["check"], r["status"], r["reason"]) for r in out["results"]] == \
         [("allreduce", "skip", "NotEnoughGpus")]
+
+
+def test_workers_run_under_the_named_interpreter(tmp_path: Path) -> None:
+    """--python runs the workers in another environment (the training venv); one without torch
+    gives an ERROR that names it and the way out."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=60)
+    python = venv / "bin" / "python"
+    proc = _preflight("bench", "--backend", "gloo", "--max-bytes", "1M", "--python", str(python),
+                      "--json", timeout=90)
+    assert proc.returncode == 3, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["reason"] == "WorkerFailed"
+    assert "No module named 'torch'" in data["message"]
+    assert str(python) in data["remedy"] and "--python" in data["remedy"]

@@ -13,7 +13,13 @@ from collections.abc import Callable
 import psutil
 import pytest
 
-from preflight.bench.parent import BenchOptions, Deadlines, RunRecord, run_workers
+from preflight.bench.parent import (
+    WORKER_SCRIPT,
+    BenchOptions,
+    Deadlines,
+    RunRecord,
+    run_workers,
+)
 from preflight.bench.verdict import judge
 from preflight.model import Status
 
@@ -32,7 +38,7 @@ def _worker(rank: int) -> psutil.Process | None:
             cmd = child.cmdline()
         except psutil.Error:
             continue
-        if "preflight.bench.worker" in cmd and cmd[cmd.index("--rank") + 1] == str(rank):
+        if str(WORKER_SCRIPT) in cmd and cmd[cmd.index("--rank") + 1] == str(rank):
             return child
     return None
 

@@ -5,12 +5,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # System tools the tests use for real: promtool (Prometheus rules and metrics), iproute2 (network
-# namespaces), util-linux (unshare), systemd (systemd-analyze for the unit file).
+# namespaces), util-linux (unshare), systemd (systemd-analyze for the unit file), procps (pgrep).
 need=()
 command -v promtool >/dev/null || need+=(prometheus)
 command -v ip >/dev/null || need+=(iproute2)
 command -v unshare >/dev/null || need+=(util-linux)
 command -v systemd-analyze >/dev/null || need+=(systemd)
+command -v pgrep >/dev/null || need+=(procps)
 if ((${#need[@]})); then
   if [ "$(id -u)" = 0 ]; then
     echo "test.sh: installing ${need[*]}" >&2

@@ -123,11 +123,10 @@ def _lift(results: Sequence[Result], *, mode: str) -> Report:
     the JSON carries them once."""
     lifted: dict[str, Any] = {}
     out = []
-    for r in results:
-        found = {k: r.details[k] for k in _REPORT_FIELDS if k in r.details}
-        if found:
-            lifted.update(found)
-            r = replace(r, details={k: v for k, v in r.details.items() if k not in found})
-        out.append(r)
+    for result in results:
+        found = {k: result.details[k] for k in _REPORT_FIELDS if k in result.details}
+        lifted.update(found)
+        out.append(replace(result, details={k: v for k, v in result.details.items()
+                                            if k not in found}) if found else result)
     return Report(results=tuple(out), version=__version__, mode=mode,
                   fingerprint=lifted.get("fingerprint"), bandwidth=lifted.get("bandwidth"))

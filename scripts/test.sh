@@ -25,8 +25,10 @@ fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 # torch==2.13.0 pinned: the CPU build (gloo) is all the tests need; GPU nodes install their own.
-.venv/bin/pip install -q --disable-pip-version-check -e '.[test]' torch==2.13.0
+# (pip's notes about this machine's extra indexes are noise here: filtered, errors kept.)
+.venv/bin/pip install -q --disable-pip-version-check -e '.[test]' torch==2.13.0 2>&1 |
+  { grep -v 'is ignored: it is neither a file nor a directory' || true; } >&2
 
-.venv/bin/ruff check preflight tests benchmarks
+.venv/bin/ruff check preflight tests benchmarks scripts
 .venv/bin/mypy
 .venv/bin/python -m pytest -q "$@"

@@ -1,6 +1,6 @@
 """One rank of the all-reduce test: the only module of the bench that imports torch.
 
-Started by :mod:`preflight.bench.parent` as ``python .../preflight/bench/worker.py --rank R ...``, one
+Started by :mod:`preflight.bench.parent` as ``python .../bench/worker.py --rank R ...``, one
 process per GPU (NCCL) or per ``--nproc`` (gloo on CPU). It reports every phase it enters and
 leaves as JSON lines on the file descriptor ``--progress-fd`` (stdout and stderr are left to
 NCCL_DEBUG and tracebacks), plus a heartbeat every ``HEARTBEAT_S`` from a thread, so the parent

@@ -1,4 +1,4 @@
-"""Exercise the NCCL worker path on a one-GPU machine: one rank, the real sweep, timing and sum check.
+"""The NCCL worker path on a one-GPU machine: one rank, the real sweep, timing and sum check.
 
 `preflight bench` refuses one rank (nothing moves over the wire; busbw is 0 by definition), so this
 calls the same orchestrator directly. What it proves on a single GPU: eager NCCL init on the device,

@@ -30,6 +30,7 @@ SUBCOMMAND_MODULES = (
     "preflight.commands.fingerprint",
     "preflight.commands.serve",
     "preflight.commands.explain",
+    "preflight.commands.prolog",
 )
 
 EPILOG = """\

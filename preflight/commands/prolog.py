@@ -1,0 +1,121 @@
+"""``preflight prolog``: the node checks as a Slurm Prolog / HealthCheckProgram.
+
+Slurm drains a node and requeues (holds) the job on any non-zero prolog exit, so this command is
+careful about what it lets through (ecosystem.md section 1):
+
+- a check FAILED (the node is bad): ``scontrol update nodename=<node> state=drain
+  reason="preflight: <check> <Reason>, ..."``, then exit 1. The custom reason survives Slurm's own
+  "Prolog error" drain, so ``sinfo -R`` says what is wrong.
+- WARN: exit 0 (warnings never drain a node).
+- could not decide (a check ERRORED or timed out) or a configuration error: logged to stderr (the
+  slurmd log), exit 0, so a preflight bug or a typo in the config does not drain the whole
+  cluster; ``--fail-closed`` drains and exits 1 instead.
+
+The bandwidth test is off unless ``--bandwidth``: a prolog should take seconds (MessageTimeout,
+10 s by default); run the all-reduce from the daemon or a timer. Slurm sets no PATH for the
+prolog: ``--scontrol`` defaults to the first of /usr/bin/scontrol, /usr/local/bin/scontrol.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from preflight.checks import CHECKS
+from preflight.cli import Formatter, add_config_options, build_context
+from preflight.config import ConfigError
+from preflight.model import Report, Status
+from preflight.runner import SelectionError, run_checks, select
+
+#: Slurm keeps reasons short in `sinfo -R`; longer ones are cut here, not by Slurm.
+MAX_REASON_CHARS = 200
+SCONTROL_TIMEOUT_S = 10.0
+
+
+def _default_scontrol() -> str:
+    for candidate in ("/usr/bin/scontrol", "/usr/local/bin/scontrol"):
+        if Path(candidate).exists():
+            return candidate
+    return shutil.which("scontrol") or "/usr/bin/scontrol"
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "prolog", formatter_class=Formatter,
+        help="run the node checks as a Slurm prolog: drain this node with the reason on FAIL",
+        description=__doc__, epilog="exit codes: 0 go (PASS, WARN, or undecided without "
+        "--fail-closed), 1 this node is bad (drained)")
+    p.add_argument("--expect-gpus", type=int, metavar="N",
+                   help="GPUs this node must show (default: from SLURM_JOB_GPUS, else >= 1)")
+    p.add_argument("--golden", metavar="FILE", help="fingerprint JSON this node must match")
+    p.add_argument("--python", metavar="PATH", help="the training environment's interpreter")
+    p.add_argument("--skip", default="", metavar="A,B", help="checks not to run")
+    p.add_argument("--bandwidth", action="store_true",
+                   help="also run the timed all-reduce (slow; off by default in a prolog)")
+    p.add_argument("--fail-closed", action="store_true",
+                   help="drain and exit 1 also when preflight could not decide or its config is "
+                        "bad (default: log and let the job run)")
+    p.add_argument("--scontrol", default=None, metavar="PATH",
+                   help="scontrol to call (default: /usr/bin/scontrol, /usr/local/bin/scontrol)")
+    add_config_options(p)
+    p.set_defaults(func=run)
+
+
+def drain_reason(report: Report, *, undecided: bool = False) -> str:
+    """``preflight: gpu_visible GpuLost, shm ShmTooSmall`` from the worst results."""
+    want = (Status.ERROR,) if undecided else (Status.FAIL,)
+    parts = [f"{r.check} {r.reason}" for r in report.results if r.status in want]
+    text = "preflight: " + (", ".join(parts) or "undecided")
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
+
+
+def drain(scontrol: str, node: str, reason: str) -> bool:
+    """Drain ``node`` with ``reason``; False (and a log line) when scontrol fails."""
+    argv = [scontrol, "update", f"nodename={node}", "state=drain", f"reason={reason}"]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"preflight prolog: could not drain {node}: {exc}", file=sys.stderr)
+        return False
+    if proc.returncode != 0:
+        print(f"preflight prolog: scontrol exit {proc.returncode}: {proc.stderr.strip()}",
+              file=sys.stderr)
+        return False
+    return True
+
+
+def run(args: argparse.Namespace) -> int:
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    scontrol = args.scontrol or _default_scontrol()
+    try:
+        ctx = build_context(args, {"expect_gpus": args.expect_gpus, "golden": args.golden,
+                                   "python": args.python})
+        skip = [s for s in args.skip.split(",") if s]
+        if not args.bandwidth:
+            skip.append("allreduce")
+        checks = select(CHECKS, skip=skip)
+    except (ConfigError, SelectionError) as exc:
+        print(f"preflight prolog: configuration error: {exc}", file=sys.stderr)
+        if args.fail_closed:
+            drain(scontrol, node, "preflight: configuration error")
+            return 1
+        return 0
+    report = run_checks(ctx, checks, mode="prolog")
+    for r in report.results:
+        if r.status >= Status.WARN:
+            fix = f" fix: {r.remedy}" if r.remedy else ""
+            print(f"preflight prolog: {r.status.name} {r.check} {r.reason}: {r.message}{fix}",
+                  file=sys.stderr)
+    if report.status is Status.FAIL:
+        drain(scontrol, node, drain_reason(report))
+        return 1
+    if report.status is Status.ERROR and args.fail_closed:
+        drain(scontrol, node, drain_reason(report, undecided=True))
+        return 1
+    return 0

@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 #: Seconds a node-check child may take beyond ``check_timeout_s`` (interpreter start, imports,
 #: JSON); checks run concurrently, so the run as a whole needs one check deadline plus this.
 CHILD_GRACE_S = 20.0
+#: Niceness of the check process (background work on a node that trains).
+CHILD_NICE = 10
 #: Bytes of a failed child's stderr quoted in the ERROR message.
 STDERR_TAIL_BYTES = 600
 #: The text format every Prometheus parses (2.x included); prometheus_client >= 0.22 labels its
@@ -218,6 +220,11 @@ class ChildRunner:
                                  remedy="Reinstall preflight; the daemon's interpreter must be "
                                         "able to run `python -m preflight check`.",
                                  details={"argv": argv}, duration_s=0.0)
+        # The node checks are background work on a training node: at nice CHILD_NICE they yield
+        # the CPU to the job's data loaders and to this daemon's own scrapes. (The bandwidth test
+        # runs only when no job uses the GPUs; its workers inherit the same niceness.)
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, proc.pid, CHILD_NICE)
         with self._lock:
             self._proc = proc
         try:

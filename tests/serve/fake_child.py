@@ -9,11 +9,13 @@ Usage: ``python fake_child.py MODE``. It builds real checks and runs them throug
 * ``hang-run``: the whole process (and a grandchild it starts) hangs before printing anything ->
   the daemon must kill the process group at its deadline.
 * ``garbage``: prints something that is not a report and exits 1.
+* ``nice``: ``beta`` reports the process's niceness in its message.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -46,6 +48,8 @@ def main(mode: str) -> int:
             raise RuntimeError("probe exploded")
         if mode == "hang-check":
             time.sleep(30)
+        if mode == "nice":
+            return Result("beta", Status.PASS, "BetaOk", f"nice {os.nice(0)}")
         return Result("beta", Status.PASS, "BetaOk", "beta is fine")
 
     ctx = Context(config=Config(check_timeout_s=0.3), env={})

@@ -298,3 +298,18 @@ def test_sd_notify_sends_one_datagram(tmp_path: Path, abstract: bool) -> None:
         assert sock.recv(100) == b"READY=1"
     assert sd_notify("READY=1", {}) is False
     assert sd_notify("READY=1", {"NOTIFY_SOCKET": str(tmp_path / "gone.sock")}) is False
+
+
+def test_check_runs_yield_the_cpu_to_the_node_s_job(tmp_path: Path) -> None:
+    """The check process runs at CHILD_NICE above the daemon: a training job's data loaders and
+    the daemon's own scrapes come first."""
+    from preflight.daemon import CHILD_NICE
+
+    def argv(kind: RunKind, cfg: Config) -> list[str]:
+        return [sys.executable, str(FAKE_CHILD), "nice"]
+
+    runner = ChildRunner(argv_for=argv, env={**os.environ, "PYTHONPATH": str(REPO)}, grace_s=10)
+    report = runner(RunKind.NODE, config(), list(KNOWN))
+    beta = report.result("beta")
+    assert beta is not None, report
+    assert beta.message == f"nice {min(19, os.nice(0) + CHILD_NICE)}"

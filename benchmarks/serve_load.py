@@ -7,7 +7,9 @@
    nearly all the time, competing for the same cores). Two client modes:
    * ``closed``: every client scrapes again as soon as it has an answer (saturation);
    * ``paced``: every client scrapes every 100 ms (500 scrapes/s in all, still far above a real
-     fleet's one scrape per 15 s per Prometheus).
+     fleet's one scrape per 15 s per Prometheus), either all in step (a burst of 50 requests at
+     the same instant every 100 ms) or staggered (each client at its own random phase, as
+     independent scrapers are).
    Errors are non-200 answers, bad bodies and socket errors; latency is measured by the client
    from sending the request to reading the whole body.
 
@@ -25,6 +27,7 @@ import json
 import multiprocessing
 import os
 import platform
+import random
 import re
 import signal
 import statistics
@@ -83,16 +86,16 @@ def runs_total(port: int) -> float:
 
 
 def client_proc(port: int, threads: int, seconds: float, pace_s: float, *, start_at: float,
-                out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+                stagger: bool, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
     latencies: list[float] = []
     errors = [0]
     lock = threading.Lock()
 
-    def client() -> None:
+    def client(phase_s: float) -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         mine: list[float] = []
         bad = 0
-        while time.time() < start_at:
+        while time.time() < start_at + phase_s:
             time.sleep(0.001)
         end = start_at + seconds
         next_at = time.perf_counter()
@@ -117,7 +120,11 @@ def client_proc(port: int, threads: int, seconds: float, pace_s: float, *, start
             latencies.extend(mine)
             errors[0] += bad
 
-    ts = [threading.Thread(target=client) for _ in range(threads)]
+    # In step: every client fires at the same instant (a burst of all clients every pace_s).
+    # Staggered: each client's phase is random within the period, as independent scrapers are.
+    rng = random.Random(os.getpid())
+    ts = [threading.Thread(target=client, args=(rng.uniform(0, pace_s) if stagger else 0.0,))
+          for _ in range(threads)]
     for t in ts:
         t.start()
     for t in ts:
@@ -125,13 +132,14 @@ def client_proc(port: int, threads: int, seconds: float, pace_s: float, *, start
     out.put((latencies, errors[0]))
 
 
-def load(port: int, *, clients: int, procs: int, seconds: float, pace_s: float
-         ) -> dict[str, float]:
+def load(port: int, *, clients: int, procs: int, seconds: float, pace_s: float,
+         stagger: bool = False) -> dict[str, float]:
     queue: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
     start_at = time.time() + 1.0
     per = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
     ps = [multiprocessing.Process(target=client_proc, args=(port, n, seconds, pace_s),
-                                  kwargs={"start_at": start_at, "out": queue}) for n in per if n]
+                                  kwargs={"start_at": start_at, "stagger": stagger, "out": queue})
+          for n in per if n]
     for p in ps:
         p.start()
     latencies: list[float] = []
@@ -182,10 +190,11 @@ def main() -> int:
         try:
             while runs_total(port) < 1:
                 time.sleep(0.1)
-            for mode, pace in (("closed", 0.0), ("paced 100 ms", 0.1)):
+            for mode, pace, stagger in (("closed", 0.0, False), ("paced, in step", 0.1, False),
+                                        ("paced, stagger", 0.1, True)):
                 before = runs_total(port)
                 r = load(port, clients=args.clients, procs=args.procs, seconds=args.seconds,
-                         pace_s=pace)
+                         pace_s=pace, stagger=stagger)
                 r["runs"] = runs_total(port) - before
                 r["rss_mb"] = rss_mb(proc.pid)
                 rows.append((mode, r))

@@ -9,24 +9,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from machine import describe  # benchmarks/machine.py (sys.path[0] is this folder)
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def time_runs(args: list[str], env: dict[str, str], runs: int) -> tuple[list[float], int]:
@@ -56,7 +47,7 @@ def main() -> int:
         rows.append((f"fixture {Path(a.fixture).name}", {**env, "PREFLIGHT_NVML_FIXTURE":
                                                           a.fixture}))
     print(f"# preflight check --no-bandwidth wall time, {a.runs} runs each")
-    print(f"# {cpu_model()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    print(f"# {describe()}")
     print(f"{'node':<28} {'median_s':>9} {'min_s':>7} {'max_s':>7} {'exit':>5}")
     for name, e in rows:
         times, rc = time_runs(a.extra, e, a.runs)

@@ -24,12 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from machine import describe  # benchmarks/machine.py (sys.path[0] is this folder)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -67,16 +68,6 @@ from preflight.probes import pyenv
 }
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def time_row(setup: str, timed: str, runs: int) -> list[float]:
     out = []
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -107,7 +98,7 @@ def main() -> int:
     ap.add_argument("--python", default=sys.executable,
                     help="interpreter for the --python row (default: this one)")
     args = ap.parse_args()
-    print(f"# {cpu_model()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+    print(f"# {describe()}, "
           f"{args.runs} fresh processes per row")
     print(f"{'what':<32} {'median ms':>10} {'min ms':>8} {'max ms':>8}")
     fill = {"python": args.python, "tree": str(REPO / "preflight")}

@@ -10,14 +10,14 @@ of median / p95 / max in milliseconds per scenario, and the one-off import cost 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import socket
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from machine import describe  # benchmarks/machine.py (sys.path[0] is this folder)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -58,9 +58,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", type=int, default=50)
     args = ap.parse_args()
-    cpu = platform.processor() or platform.machine()
-    print(f"# {platform.node()}: {os.cpu_count()} CPUs, {cpu}, "
-          f"Python {platform.python_version()}, {args.samples} samples per row")
+    print(f"# {describe()}, {args.samples} samples per row")
     print(f"{'scenario':<36} {'median ms':>10} {'p95 ms':>8} {'max ms':>8}  verdicts")
     for name, env in scenarios().items():
         times = []

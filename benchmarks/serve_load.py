@@ -26,7 +26,6 @@ import http.client
 import json
 import multiprocessing
 import os
-import platform
 import random
 import re
 import signal
@@ -40,6 +39,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import psutil
+from machine import describe  # benchmarks/machine.py (sys.path[0] is this folder)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -168,10 +168,7 @@ def main() -> int:
     parser.add_argument("--run-interval", type=float, default=0.05,
                         help="the daemon's --interval during the load (0.05: runs back to back)")
     args = parser.parse_args()
-    cpu = next((line.split(":", 1)[1].strip() for line in
-                Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
-               platform.processor())
-    print(f"machine: {os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}")
+    print(f"machine: {describe()}")
 
     with tempfile.TemporaryDirectory() as tmp:
         proc, port, _ = start_daemon(Path(tmp), 60.0)

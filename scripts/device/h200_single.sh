@@ -3,16 +3,8 @@
 # Usage there, from the repo root, with the netifaces-plus wheel carried in .whl/:
 #   bash scripts/device/h200_single.sh      (writes $OUT/runs.log and a few JSON files)
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=$PWD:/tmp/site
-LOG=$OUT/runs.log
-P=(python3 -m preflight)
-sec() { printf '\n######## %s\n' "$*" | tee -a "$LOG"; }
-run() { printf '$ %s\n' "$*" >>"$LOG"; "$@" >>"$LOG" 2>&1; echo "rc=$?" >>"$LOG"; }
-envrun() { printf '$ %s\n' "$*" >>"$LOG"; env "$@" >>"$LOG" 2>&1; echo "rc=$?" >>"$LOG"; }
+LOG=${OUT:-/tmp/out}/runs.log
+. scripts/device/lib.sh
 
 sec "machine $(date -u +%FT%TZ)"
 run nvidia-smi -L

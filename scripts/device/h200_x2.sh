@@ -4,16 +4,8 @@
 # verdicts of the node checks. Writes $OUT/x2.log and JSON files. Not yet run: the kind was not
 # lent in the session that wrote it (2026-11-29).
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=$PWD:/tmp/site
-LOG=$OUT/x2.log
-P=(python3 -m preflight)
-sec() { printf '\n######## %s\n' "$*" >>"$LOG"; }
-run() { printf '$ %s\n' "$*" >>"$LOG"; "$@" >>"$LOG" 2>&1; echo "rc=$?" >>"$LOG"; }
-envrun() { printf '$ %s\n' "$*" >>"$LOG"; env "$@" >>"$LOG" 2>&1; echo "rc=$?" >>"$LOG"; }
+LOG=${OUT:-/tmp/out}/x2.log
+. scripts/device/lib.sh
 
 sec "machine $(date -u +%FT%TZ)"
 run nvidia-smi topo -m

@@ -42,7 +42,16 @@ docs: README.md and docs/ in the source tree."""
 
 
 class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows defaults and keeps the epilog's line breaks."""
+    """Shows defaults and keeps the epilog's line breaks.
+
+    An option whose help already names its default (it comes from the config, so the parser's
+    own default is None), or that has no meaningful one (a flag), gets no "(default: ...)"."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, [], argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)
 
 
 def add_config_options(p: argparse.ArgumentParser) -> None:

@@ -39,8 +39,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--golden", metavar="FILE",
                    help="fingerprint JSON (preflight fingerprint --json) this node must match")
     p.add_argument("--python", metavar="PATH",
-                   help="interpreter of the training environment to fingerprint "
-                        "(default: the one running preflight)")
+                   help="interpreter of the training environment: fingerprinted by versions, "
+                        "runs the all-reduce workers (default: the one running preflight)")
     p.add_argument("--multi-node", action="store_true", default=None,
                    help="judge the network for a multi-node job even if WORLD_SIZE does not say so")
     p.add_argument("--probe-master", action="store_true", default=None,

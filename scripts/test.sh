@@ -12,6 +12,11 @@ command -v ip >/dev/null || need+=(iproute2)
 command -v unshare >/dev/null || need+=(util-linux)
 command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v pgrep >/dev/null || need+=(procps)
+# A real one-node Slurm for the prolog test (tests/slurm): daemons, clients, munge for auth.
+command -v slurmctld >/dev/null || need+=(slurmctld)
+command -v slurmd >/dev/null || need+=(slurmd)
+command -v sbatch >/dev/null || need+=(slurm-client)
+command -v munged >/dev/null || need+=(munge)
 if ((${#need[@]})); then
   if [ "$(id -u)" = 0 ]; then
     echo "test.sh: installing ${need[*]}" >&2

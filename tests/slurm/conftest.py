@@ -34,8 +34,9 @@ import pytest
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "scancel")
-#: Time for slurmd to register and the node to go idle; seconds on a 2-core VM, so 60 is generous.
-START_TIMEOUT_S = 60.0
+#: Deadline of every wait: slurmd registers in ~1 s and a job settles in ~3 s on a 2-core VM;
+#: 30 s is generous and keeps a failing test inside pytest-timeout's 120 s, with the logs shown.
+WAIT_TIMEOUT_S = 30.0
 #: A daemon that ignores SIGTERM for this long is killed.
 STOP_TIMEOUT_S = 15.0
 #: Every Slurm client call gets this deadline (MessageTimeout is 10 s).
@@ -165,7 +166,7 @@ class SlurmCluster:
         return out.strip().split(";")[0]
 
     def wait_for(self, what: str, probe: Callable[[], T], done: Callable[[T], bool], *,
-                 timeout_s: float = 60.0) -> T:
+                 timeout_s: float = WAIT_TIMEOUT_S) -> T:
         """Poll ``probe`` until ``done(value)``; on the deadline fail with the value and logs."""
         deadline = time.monotonic() + timeout_s
         value = probe()
@@ -188,7 +189,7 @@ class SlurmCluster:
     def node_state(self) -> str:
         return self.show_node().get("State", "")
 
-    def wait_idle(self, timeout_s: float = START_TIMEOUT_S) -> None:
+    def wait_idle(self, timeout_s: float = WAIT_TIMEOUT_S) -> None:
         # State=IDLE exactly: IDLE+DRAIN or IDLE+NOT_RESPONDING are not ready.
         self.wait_for(f"node {self.node} IDLE", self.node_state, lambda s: s == "IDLE",
                       timeout_s=timeout_s)

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from machine import describe  # benchmarks/machine.py (sys.path[0] is this folder)
+from machine import describe, pythonpath  # benchmarks/machine.py (sys.path[0] is this folder)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -40,7 +40,7 @@ def main() -> int:
     p.add_argument("--fixture", help="NVML fixture JSON for a second row")
     p.add_argument("extra", nargs="*", help="extra arguments to preflight check")
     a = p.parse_args()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": pythonpath(REPO)}
     env.pop("PREFLIGHT_NVML_FIXTURE", None)
     rows = [("this node", env)]
     if a.fixture:

@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from machine import describe  # benchmarks/machine.py (sys.path[0] is this folder)
+from machine import describe, pythonpath  # benchmarks/machine.py (sys.path[0] is this folder)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -70,7 +70,7 @@ from preflight.probes import pyenv
 
 def time_row(setup: str, timed: str, runs: int) -> list[float]:
     out = []
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": pythonpath(REPO)}
     for _ in range(runs):
         code = TIMED.format(setup=setup, timed=timed)
         proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
@@ -83,7 +83,7 @@ def time_cli(args: list[str], runs: int) -> list[float]:
     import time
 
     out = []
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": pythonpath(REPO)}
     for _ in range(runs):
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "preflight", *args], cwd=REPO, env=env,

@@ -20,3 +20,9 @@ def cpu_model() -> str:
 def describe() -> str:
     """``AMD EPYC, 2 CPUs, Python 3.11.7``."""
     return f"{cpu_model()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+
+
+def pythonpath(repo: object) -> str:
+    """PYTHONPATH for a child: the source tree first, then whatever was already there (a GPU
+    machine carries packages such as netifaces-plus in a folder named there)."""
+    return os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH", "")) if p)

@@ -39,7 +39,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import psutil
-from machine import describe  # benchmarks/machine.py (sys.path[0] is this folder)
+from machine import describe, pythonpath  # benchmarks/machine.py (sys.path[0] is this folder)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -53,7 +53,7 @@ def start_daemon(workdir: Path, interval_s: float) -> tuple[subprocess.Popen[byt
     fixture = workdir / "gpus.json"
     fixture.write_text(json.dumps(replace(snap, gpus=gpus).to_json()))
     log = workdir / f"serve-{interval_s}.log"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PREFLIGHT_NVML_FIXTURE": str(fixture),
+    env = {**os.environ, "PYTHONPATH": pythonpath(REPO), "PREFLIGHT_NVML_FIXTURE": str(fixture),
            "PREFLIGHT_EXPECT_GPUS": "8"}
     with log.open("wb") as fh:
         proc = subprocess.Popen([sys.executable, "-m", "preflight", "--log-level", "warning",

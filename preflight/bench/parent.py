@@ -353,10 +353,12 @@ def _stalled(ranks: Sequence[RankState], deadlines: Deadlines, now: float,
     where = behind[0].where()
     waited = max(now - st.entered for st in behind)
     if silent:
+        # Before init the others wait at the rendezvous, after it inside the collective.
+        at = "at the rendezvous" if behind[0].phase in ("spawn", "init") else "in the collective"
+        who = "the others" if len(silent) < len(ranks) else "the run"
         return Failure("stalled", f"{_names(silent)} stopped in {where} (no heartbeat for "
                        f"{now - max(st.last_beat for st in silent):.0f} s: the process is frozen)"
-                       f"; {'the others' if len(silent) < len(ranks) else 'all'} waited "
-                       f"{waited:.0f} s in the collective", tuple(st.rank for st in silent))
+                       f"; {who} waited {waited:.0f} s {at}", tuple(st.rank for st in silent))
     return Failure("hung", f"all {len(ranks)} ranks are alive but the all-reduce in {where} did "
                    f"not complete within {waited:.0f} s: the collective itself hangs",
                    tuple(st.rank for st in behind))

@@ -141,3 +141,19 @@ def test_same_step_frozen_rank_vs_hung_collective() -> None:
     f = _stalled(hung, D, now, 0.0)
     assert f is not None and f.kind == "hung" and "collective itself hangs" in f.message
     assert _stalled(hung, D, 80.0, 0.0) is None  # 20 s < 30 s: still just slow
+
+
+def test_where_the_others_waited_follows_the_phase() -> None:
+    """A rank frozen before init keeps the others at the rendezvous, not in a collective (seen on
+    the H200: one rank SIGSTOPped while torch was still loading)."""
+    now = 100.0
+    early = _ranks(("init", None, 30.0, 40.0), ("init", None, 31.0, now))
+    f = _stalled(early, Deadlines.from_timeout(120), now, 0.0)
+    assert f is not None and f.ranks == (0,)
+    assert f.message.endswith("the others waited 70 s at the rendezvous"), f.message
+    frozen = _ranks(("measure", GiB, 60.0, now), ("measure", GiB, 60.0, 65.0))
+    f = _stalled(frozen, D, now, 0.0)
+    assert f is not None and f.message.endswith("the others waited 40 s in the collective")
+    alone = _ranks(("spawn", None, 30.0, 40.0))
+    f = _stalled(alone, Deadlines.from_timeout(120), now, 0.0)
+    assert f is not None and "; the run waited 70 s at the rendezvous" in f.message

@@ -297,6 +297,13 @@ def _busy_gpus(snapshot: GpuSnapshot) -> str | None:
     if busy:
         listed = "; ".join(f"GPU {i}: pid {', '.join(map(str, p))}" for i, p in busy.items())
         return f"compute processes use the GPUs ({listed})"
+    exclusive = [str(g.index) for g in snapshot.gpus
+                 if g.compute_mode in ("EXCLUSIVE_PROCESS", "EXCLUSIVE_THREAD")]
+    if exclusive:
+        # One context per GPU: a job that starts while the test holds the GPU would fail with
+        # "all CUDA-capable devices are busy or unavailable".
+        return (f"GPU {', '.join(exclusive)} in an exclusive compute mode: a job starting during "
+                "the test could not get its GPU (run `preflight bench` between jobs instead)")
     return None
 
 

@@ -38,6 +38,11 @@ def run(ctx: Context) -> Result:
     if not snap.available:
         return Result(NAME, Status.SKIP, "NvmlUnavailable",
                       f"no all-reduce test: NVML is not available ({snap.error or 'no driver'})")
+    prohibited = [str(g.index) for g in snap.gpus if g.compute_mode == "PROHIBITED"]
+    if prohibited:
+        return Result(NAME, Status.SKIP, "ComputeProhibited",
+                      f"no all-reduce test: GPU {', '.join(prohibited)} in compute mode PROHIBITED "
+                      "(gpu_visible says so)")
     busy = [f"GPU {g.index} (pid {', '.join(map(str, g.compute_pids))})" for g in snap.gpus
             if g.compute_pids]
     if busy:

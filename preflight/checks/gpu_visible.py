@@ -10,8 +10,9 @@ Verifies:
   (those physical indices must exist), else ``LOCAL_WORLD_SIZE`` (at least that many), else >= 1;
 - every NVIDIA GPU on the PCI bus is enumerated by NVML (one missing has fallen off the bus);
 - per GPU: answers at all, no pending row remap or remap failure, no uncorrectable volatile ECC
-  error, no hardware slowdown, PCIe link at its maximum width (and generation: WARN only, since an
-  idle GPU lowers its link generation to save power), NVLinks up.
+  error, compute mode not PROHIBITED (no CUDA context possible), no hardware slowdown, PCIe link
+  at its maximum width (and generation: WARN only, since an idle GPU lowers its link generation
+  to save power), NVLinks up.
 
 Knobs: ``expect_gpus`` (None), ``expect_nvlinks`` (None = GPUs of one node must agree; a lone GPU
 without peers, e.g. one H200 in a VM, is fine).
@@ -68,6 +69,11 @@ def gpu_problems(gpu: Gpu) -> list[Problem]:
             "last reset",
             f"Drain the node; reset the GPU (nvidia-smi -r -i {gpu.index}); check "
             "`nvidia-smi -q -d ROW_REMAPPER,ECC`; RMA if errors return."))
+    if gpu.compute_mode == "PROHIBITED":
+        out.append(Problem(
+            Status.FAIL, "ComputeProhibited",
+            f"{name} is in compute mode PROHIBITED: no process can create a CUDA context on it",
+            f"Set the default compute mode: nvidia-smi -i {gpu.index} -c DEFAULT (as root)."))
     if gpu.pcie and gpu.pcie.width < gpu.pcie.max_width:
         out.append(Problem(
             Status.FAIL, "PcieLinkDegraded",
@@ -204,7 +210,7 @@ def _gpu_details(g: Gpu) -> dict[str, object]:
         "pcie": f"Gen{g.pcie.gen} x{g.pcie.width} (max Gen{g.pcie.max_gen} x{g.pcie.max_width})"
         if g.pcie else None,
         "nvlinks_active": g.active_nvlinks, "nvlinks": len(g.nvlinks),
-        "compute_pids": list(g.compute_pids),
+        "compute_pids": list(g.compute_pids), "compute_mode": g.compute_mode,
     }
 
 

@@ -64,6 +64,8 @@ class Gpu:
     mig_enabled: bool = False
     mig_instances: tuple[MigInstance, ...] = ()
     compute_pids: tuple[int, ...] = ()
+    #: "DEFAULT", "EXCLUSIVE_PROCESS", "PROHIBITED" (nvidia-smi -c), "EXCLUSIVE_THREAD" (old).
+    compute_mode: str | None = None
 
     @property
     def active_nvlinks(self) -> int:

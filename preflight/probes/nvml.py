@@ -33,6 +33,8 @@ _SLOWDOWN_BITS = {
 #: (18 links = 450), B200 NVLink5 50 GB/s (18 links = 900). NVIDIA product briefs.
 _NVLINK_LINK_BYTES_PER_SECOND = {2: 25e9, 3: 25e9, 4: 25e9, 5: 50e9}
 _NVLINK_MAX_LINKS = 18
+#: nvmlComputeMode_t values (nvml.h) by name.
+_COMPUTE_MODES = {0: "DEFAULT", 1: "EXCLUSIVE_THREAD", 2: "PROHIBITED", 3: "EXCLUSIVE_PROCESS"}
 
 _init_lock = threading.Lock()
 
@@ -129,6 +131,7 @@ class NvmlGpuProbe:
         mig_mode = opt(nv.nvmlDeviceGetMigMode, handle)
         mig_enabled = bool(mig_mode and mig_mode[0] == nv.NVML_DEVICE_MIG_ENABLE)
         procs = opt(nv.nvmlDeviceGetComputeRunningProcesses, handle) or []
+        mode = opt(nv.nvmlDeviceGetComputeMode, handle)
         # A GPU that answered the handle but fails a plain query has usually fallen off the bus.
         error = None
         temperature = opt(nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)
@@ -151,6 +154,7 @@ class NvmlGpuProbe:
             mig_enabled=mig_enabled,
             mig_instances=self._mig(nv, opt, handle) if mig_enabled else (),
             compute_pids=tuple(int(p.pid) for p in procs),
+            compute_mode=_COMPUTE_MODES.get(int(mode), str(mode)) if mode is not None else None,
         )
 
     @staticmethod

@@ -87,6 +87,9 @@ def test_bad_input_exits_2_without_traceback(tmp_path: Path, args: list[str], te
     (topologies.single_h200_vm(), "NotEnoughGpus", "needs at least 2 GPUs; 1 visible"),
     (topologies.snapshot([topologies.h100(0, "0000:18:00.0", compute_pids=(4242,)),
                           topologies.h100(1, "0000:2a:00.0")]), "GpusBusy", "GPU 0 (pid 4242)"),
+    (topologies.snapshot([topologies.h100(0, "0000:18:00.0"),
+                          topologies.h100(1, "0000:2a:00.0", compute_mode="PROHIBITED")]),
+     "ComputeProhibited", "GPU 1 in compute mode PROHIBITED"),
 ])
 def test_allreduce_check_skips_with_reason(make_ctx, snap, reason, text) -> None:  # type: ignore[no-untyped-def]
     result = allreduce.run(make_ctx(snapshot=snap))

@@ -118,7 +118,8 @@ def test_several_problems_are_all_reported_worst_first(make_ctx: MakeCtx) -> Non
 
 
 def test_real_h200_vm_snapshot_passes(make_ctx: MakeCtx) -> None:
-    """The NVML snapshot captured on the lent H200 VM (2026-11-29): NVML reports no NVLink there."""
+    """The NVML snapshot captured on the lent H200 VM (2026-11-29): NVML reports no NVLink there,
+    compute mode DEFAULT (as nvidia-smi --query-gpu=compute_mode said)."""
     import json
 
     from preflight.probes.gpu import GpuSnapshot
@@ -129,3 +130,18 @@ def test_real_h200_vm_snapshot_passes(make_ctx: MakeCtx) -> None:
     r = gpu_visible.run(make_ctx(snapshot=snap))
     assert r.status is Status.PASS
     assert r.message == "1 GPU: NVIDIA H200; driver 580.159.04; PCIe Gen5 x16"
+    assert r.details["gpus"][0]["compute_mode"] == "DEFAULT"
+
+
+def test_compute_mode_prohibited_fails(make_ctx: MakeCtx) -> None:
+    snap = topologies.healthy_8x_h100()
+    gpus = list(snap.gpus)
+    gpus[6] = dataclasses.replace(gpus[6], compute_mode="PROHIBITED")
+    r = gpu_visible.run(make_ctx(snapshot=dataclasses.replace(snap, gpus=tuple(gpus))))
+    assert (r.status, r.reason) == (Status.FAIL, "ComputeProhibited")
+    assert "GPU 6" in r.message and "nvidia-smi -i 6 -c DEFAULT" in r.remedy
+    exclusive = dataclasses.replace(gpus[6], compute_mode="EXCLUSIVE_PROCESS")
+    gpus[6] = exclusive  # one process per GPU, as torchrun starts them: fine
+    ok = gpu_visible.run(make_ctx(snapshot=dataclasses.replace(snap, gpus=tuple(gpus))))
+    assert ok.status is Status.PASS
+    assert ok.details["gpus"][6]["compute_mode"] == "EXCLUSIVE_PROCESS"

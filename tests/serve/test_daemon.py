@@ -233,6 +233,19 @@ def test_no_nvml_means_no_bandwidth_test() -> None:
     assert RunKind.BANDWIDTH not in runner.calls
 
 
+def test_exclusive_compute_mode_means_no_periodic_bandwidth_test() -> None:
+    """On GPUs in EXCLUSIVE_PROCESS mode a job starting during the test could not get its GPU."""
+    snap = topologies.healthy_8x_h100()
+    gpus = tuple(dataclasses.replace(g, compute_mode="EXCLUSIVE_PROCESS") for g in snap.gpus)
+    runner = FakeRunner()
+    d = Daemon(config(interval_s=0.05, bandwidth_interval_s=0.05), runner=runner,
+               gpus=lambda: dataclasses.replace(snap, gpus=gpus),
+               known_checks=("shm", "allreduce"))
+    with running(d):
+        wait_for(lambda: len(runner.calls) >= 4, timeout_s=5, what="node runs")
+    assert RunKind.BANDWIDTH not in runner.calls
+
+
 def test_listen_binds_exactly_the_address_given() -> None:
     """127.0.0.2 is loopback too on Linux: a daemon told 127.0.0.2 must not answer on 127.0.0.1."""
     d = Daemon(config(listen="127.0.0.2:0"), runner=FakeRunner(), known_checks=KNOWN,

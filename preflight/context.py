@@ -32,6 +32,8 @@ class Context:
     root: Path = Path("/")
     gpu_probe: GpuProbe | None = None
     _cache: dict[str, object] = field(default_factory=dict, repr=False)
+    #: One lock per cache key, so two checks needing the same probe wait for one pass of it.
+    _key_locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def host_path(self, path: str) -> Path:
@@ -41,8 +43,7 @@ class Context:
     def cached(self, key: str, make: Callable[[], T]) -> T:
         """Compute ``make()`` once per run, shared by the checks that need it (thread-safe)."""
         with self._lock:
-            lock = self._cache.setdefault(f"lock:{key}", threading.Lock())
-        assert isinstance(lock, type(self._lock))
+            lock = self._key_locks.setdefault(key, threading.Lock())
         with lock:
             if key not in self._cache:
                 self._cache[key] = make()

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from preflight import cvd
 from preflight.bench import method
 from preflight.bench.parent import BenchOptions, run_workers
 from preflight.bench.verdict import BenchResult, judge
@@ -43,16 +44,20 @@ class Plan:
 
 
 def visible_gpus(ctx: Context) -> tuple[tuple[Gpu, ...], int, str | None]:
-    """(GPUs NVML answers for, how many CUDA will show, why none when NVML is unavailable)."""
+    """(the GPUs the workers will see, in cuda:N order; how many; why none when NVML is
+    unavailable).
+
+    CUDA_VISIBLE_DEVICES is read by the same parser as the cuda_devices check (cvd.py), in the
+    device order the workers get (CUDA_DEVICE_ORDER, else PCI_BUS_ID: parent._worker_env), so
+    rank r is named by the GPU it really uses; an invalid value leaves what CUDA would keep.
+    """
     snap = ctx.gpus()
     if not snap.available:
         return (), 0, snap.error or "NVML is not available"
-    healthy = tuple(g for g in snap.gpus if not g.error)
-    cvd = ctx.env.get("CUDA_VISIBLE_DEVICES")
-    if cvd is None:
-        return healthy, len(healthy), None
-    # The cuda_devices check validates the variable; here only its size matters.
-    return healthy, min(len(healthy), len([e for e in cvd.split(",") if e.strip()])), None
+    res = cvd.resolve(cvd.parse(ctx.env.get("CUDA_VISIBLE_DEVICES")), snap,
+                      device_order=ctx.env.get("CUDA_DEVICE_ORDER", cvd.ORDER_PCI))
+    gpus = () if res.duplicate else tuple(d.gpu for d in res.devices)
+    return gpus, len(gpus), None
 
 
 def _skip(backend: str, reason: str, message: str, remedy: str = "") -> BenchResult:
@@ -91,8 +96,7 @@ def plan(ctx: Context, *, backend: str | None = None, nproc: int | None = None,
         hi = GLOO_DEFAULT_MAX_BYTES
         notes.append(f"gloo on CPU: sweep capped at {fmt_bytes(hi)} (pass --max-bytes for more)")
     if chosen == "nccl":
-        if ctx.env.get("CUDA_VISIBLE_DEVICES") is None:
-            used = gpus[:count]
+        used = gpus[:count]
         cap = method.memory_cap_bytes(used)
         if cap is not None and hi > cap:
             notes.append(f"largest size lowered from {fmt_bytes(hi)} to {fmt_bytes(cap)}: GPU "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,28 +10,19 @@ from pathlib import Path
 import pytest
 
 from preflight.checks import CHECKS, allreduce
+from preflight.probes.gpu import GpuSnapshot
 from preflight.runner import select
 from tests import topologies
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _preflight(*args: str, env: dict[str, str] | None = None, timeout: float = 60
-               ) -> subprocess.CompletedProcess[str]:
-    full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "preflight", *args], capture_output=True,
-                          text=True, env=full, timeout=timeout, cwd=ROOT, check=False)
+from tests.helpers import run_cli, write_fixture
 
 
-def _fixture(tmp_path: Path, snap: object) -> dict[str, str]:
-    path = tmp_path / "nvml.json"
-    path.write_text(json.dumps(snap.to_json()))  # type: ignore[attr-defined]
-    return {"PREFLIGHT_NVML_FIXTURE": str(path)}
+def _fixture(tmp_path: Path, snap: GpuSnapshot) -> dict[str, str]:
+    return {"PREFLIGHT_NVML_FIXTURE": str(write_fixture(tmp_path / "nvml.json", snap))}
 
 
 def test_gloo_sweep_json_follows_the_cli_contract(tmp_path: Path) -> None:
     env = _fixture(tmp_path, topologies.no_driver())
-    proc = _preflight("bench", "--nproc", "2", "--max-bytes", "2M", "--json", env=env)
+    proc = run_cli(["bench", "--nproc", "2", "--max-bytes", "2M", "--json"], env=env)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["backend"] == "gloo" and out["world_size"] == 2  # no GPU -> gloo by default
@@ -46,8 +36,8 @@ def test_gloo_sweep_json_follows_the_cli_contract(tmp_path: Path) -> None:
 
 def test_gloo_table_and_slow_verdict_exit_1(tmp_path: Path) -> None:
     env = _fixture(tmp_path, topologies.no_driver())
-    proc = _preflight("bench", "--backend", "gloo", "--min-bytes", "64K", "--max-bytes", "128K",
-                      "--min-busbw", "100000", "--debug", env=env)
+    proc = run_cli(["bench", "--backend", "gloo", "--min-bytes", "64K", "--max-bytes", "128K",
+                    "--min-busbw", "100000", "--debug"], env=env)
     assert proc.returncode == 1, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("# preflight bench: gloo, 2 ranks")
@@ -63,7 +53,7 @@ def test_gloo_table_and_slow_verdict_exit_1(tmp_path: Path) -> None:
 
 def test_single_gpu_node_skips(tmp_path: Path) -> None:
     env = _fixture(tmp_path, topologies.single_h200_vm())
-    proc = _preflight("bench", env=env)
+    proc = run_cli(["bench"], env=env)
     assert proc.returncode == 0
     assert "SKIP NotEnoughGpus: the all-reduce test needs at least 2 GPUs; 1 visible" \
         in proc.stdout
@@ -76,7 +66,7 @@ def test_single_gpu_node_skips(tmp_path: Path) -> None:
     (["--backend", "nccl", "--nproc", "16"], "only 8 GPU(s) are visible"),
 ])
 def test_bad_input_exits_2_without_traceback(tmp_path: Path, args: list[str], text: str) -> None:
-    proc = _preflight("bench", *args, env=_fixture(tmp_path, topologies.healthy_8x_h100()))
+    proc = run_cli(["bench", *args], env=_fixture(tmp_path, topologies.healthy_8x_h100()))
     assert proc.returncode == 2
     assert text in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -107,10 +97,10 @@ def test_allreduce_check_is_registered_with_its_own_deadline(make_ctx) -> None: 
 
 def test_check_no_bandwidth_skips_it(tmp_path: Path) -> None:
     env = _fixture(tmp_path, topologies.healthy_8x_h100())
-    proc = _preflight("check", "--json", "--no-bandwidth", "--only", "allreduce", env=env)
+    proc = run_cli(["check", "--json", "--no-bandwidth", "--only", "allreduce"], env=env)
     assert json.loads(proc.stdout)["results"] == []
-    proc = _preflight("check", "--json", "--only", "allreduce",
-                      env=_fixture(tmp_path, topologies.single_h200_vm()))
+    proc = run_cli(["check", "--json", "--only", "allreduce"],
+                   env=_fixture(tmp_path, topologies.single_h200_vm()))
     out = json.loads(proc.stdout)
     assert [(r["check"], r["status"], r["reason"]) for r in out["results"]] == \
         [("allreduce", "skip", "NotEnoughGpus")]
@@ -123,10 +113,25 @@ def test_workers_run_under_the_named_interpreter(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
                    timeout=60)
     python = venv / "bin" / "python"
-    proc = _preflight("bench", "--backend", "gloo", "--max-bytes", "1M", "--python", str(python),
-                      "--json", timeout=90)
+    proc = run_cli(["bench", "--backend", "gloo", "--max-bytes", "1M", "--python", str(python),
+                    "--json"], timeout=90)
     assert proc.returncode == 3, proc.stderr
     data = json.loads(proc.stdout)
     assert data["reason"] == "WorkerFailed"
     assert "No module named 'torch'" in data["message"]
     assert str(python) in data["remedy"] and "--python" in data["remedy"]
+
+
+def test_plan_reads_cuda_visible_devices_as_cuda_does(make_ctx) -> None:  # type: ignore[no-untyped-def]
+    """The ranks are named by the GPUs CUDA really exposes (the cuda_devices parser), not by a
+    count of comma-separated entries."""
+    from preflight.bench import plan
+
+    stops = plan(make_ctx(env={"CUDA_VISIBLE_DEVICES": "0,-1,1"}), backend="nccl")
+    assert stops.skip is not None and stops.skip.reason == "NotEnoughGpus"
+    assert "1 visible" in stops.skip.message
+    swapped = plan(make_ctx(env={"CUDA_VISIBLE_DEVICES": "5,2"}), backend="nccl")
+    assert swapped.options is not None
+    assert swapped.options.labels == ("GPU 5, 0000:ab:00.0", "GPU 2, 0000:3a:00.0")
+    dup = plan(make_ctx(env={"CUDA_VISIBLE_DEVICES": "0,0"}), backend="nccl")
+    assert dup.skip is not None and "0 visible" in dup.skip.message

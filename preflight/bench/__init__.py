@@ -71,15 +71,14 @@ def plan(ctx: Context, *, backend: str | None = None, nproc: int | None = None,
     """Decide backend, ranks, sizes and device names; BenchUsageError on impossible requests."""
     cfg = ctx.config
     gpus, visible, nvml_error = visible_gpus(ctx)
-    chosen = backend or ("nccl" if visible >= 1 else "gloo")
+    # On a GPU node the test is NCCL's even when CUDA_VISIBLE_DEVICES hides the GPUs: a gloo run
+    # on the CPU would measure the wrong thing and pass; gloo is the default only without NVML.
+    chosen = backend or ("gloo" if nvml_error else "nccl")
     notes: list[str] = []
-    if chosen == "nccl":
-        if nvml_error and backend is None:
-            chosen = "gloo"
-        elif nproc is None and visible < 2:
-            why = f"NVML: {nvml_error}" if nvml_error else f"{visible} visible"
-            return Plan(None, gpus, (), _skip("nccl", "NotEnoughGpus",
-                        f"the all-reduce test needs at least 2 GPUs; {why}"))
+    if chosen == "nccl" and nproc is None and visible < 2:
+        why = f"NVML: {nvml_error}" if nvml_error else f"{visible} visible"
+        return Plan(None, gpus, (), _skip("nccl", "NotEnoughGpus",
+                    f"the all-reduce test needs at least 2 GPUs; {why}"))
     if chosen == "nccl":
         count = nproc if nproc is not None else visible
         if visible and count > visible:

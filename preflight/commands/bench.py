@@ -26,7 +26,7 @@ def _size(text: str) -> int:
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "bench", formatter_class=Formatter,
-        help="timed all-reduce over the local GPUs (gloo on CPU without GPUs), nccl-tests style",
+        help="timed all-reduce over the local GPUs (gloo on CPU without NVML), nccl-tests style",
         description="Timed all-reduce sweep as nccl-tests all_reduce_perf measures it: warm-up "
                     "per size, back-to-back timed iterations, algbw and busbw in GB/s (1e9 B/s), "
                     "an exact check of the sum. Judged at the largest size against --min-busbw "
@@ -35,7 +35,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         epilog="exit codes: 0 pass/skip/warn, 1 fail (slow, stalled, wrong sum), 2 usage error, "
                "3 could not decide (a worker died, the run timed out)")
     p.add_argument("--backend", choices=("nccl", "gloo"),
-                   help="nccl on GPUs (default when GPUs are visible), gloo on CPU otherwise")
+                   help="nccl on GPUs (default when NVML works: with fewer than 2 GPUs visible the "
+                        "test SKIPs), gloo on CPU (default without NVML)")
     p.add_argument("--nproc", type=int, metavar="N",
                    help="ranks (default: one per visible GPU with nccl, 2 with gloo)")
     p.add_argument("--min-bytes", type=_size, metavar="B",

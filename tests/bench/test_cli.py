@@ -135,3 +135,16 @@ def test_plan_reads_cuda_visible_devices_as_cuda_does(make_ctx) -> None:  # type
     assert swapped.options.labels == ("GPU 5, 0000:ab:00.0", "GPU 2, 0000:3a:00.0")
     dup = plan(make_ctx(env={"CUDA_VISIBLE_DEVICES": "0,0"}), backend="nccl")
     assert dup.skip is not None and "0 visible" in dup.skip.message
+
+
+def test_hidden_gpus_do_not_turn_the_test_into_a_cpu_run(make_ctx) -> None:  # type: ignore[no-untyped-def]
+    """CUDA_VISIBLE_DEVICES that leaves no GPU on a GPU node SKIPs the NCCL test (seen on the
+    H200 with '0,0': it used to fall back to gloo on the CPU and PASS)."""
+    from preflight.bench import plan
+
+    for value in ("0,0", ""):
+        p = plan(make_ctx(env={"CUDA_VISIBLE_DEVICES": value}))
+        assert p.skip is not None and p.skip.backend == "nccl", value
+        assert p.skip.reason == "NotEnoughGpus"
+    no_driver = plan(make_ctx(snapshot=topologies.no_driver()))
+    assert no_driver.options is not None and no_driver.options.backend == "gloo"

@@ -24,7 +24,17 @@ from preflight.explain.ranks import (
     plural,
     progress_of,
 )
-from preflight.explain.rules import ANCHORS, ORIGIN, RULES, SYMPTOM, Layer, Pattern, Rule
+from preflight.explain.rules import (
+    ANCHORS,
+    ORIGIN,
+    RULES,
+    SIGNAL_HINTS,
+    SIGNAL_NAMES,
+    SYMPTOM,
+    Layer,
+    Pattern,
+    Rule,
+)
 
 #: JSON-able value in ``details`` and ``to_json`` output.
 Detail = Any
@@ -40,6 +50,9 @@ _TIMEOUT_AT = re.compile(r"Timeout at NCCL work: (\d{1,20}), last enqueued NCCL 
                          r" last completed NCCL work: (-?\d{1,20})")
 _WATCHDOG = re.compile(r"SeqNum=(\d{1,20}), OpType=(\w{1,40})")
 _IFNAME_SET = re.compile(r"((?:NCCL|GLOO)_SOCKET_IFNAME) set by environment to (\S{1,64})")
+_TORCHRUN_TERM = re.compile(r"Sending process (\d{1,10}) closing signal SIGTERM")
+#: Lines between a failure summary's ``rank : R (local_rank: L)`` and its ``traceback`` line.
+_SUMMARY_SPAN = 6
 _FILE_RANK = re.compile(r"(?:rank[_-]?|attempt_\d{1,5}/)(\d{1,7})(?:\D|$)")
 
 
@@ -181,6 +194,8 @@ class Classifier:
         self._seen: set[int] = set()
         self._world: int | None = None
         self._summary: list[int] = []
+        self._summary_at = -_SUMMARY_SPAN - 1
+        self._terminated: set[str] = set()
         self._progress: dict[int, int] = {}
         self._watchdog: dict[int, tuple[int, str]] = {}
         self._completed: dict[int, int] = {}
@@ -261,11 +276,18 @@ class Classifier:
     # -- one candidate line ---------------------------------------------------------------------
 
     def _line(self, text: str, line_no: int) -> list[tuple[_Acc, int]]:
-        self._facts(text)
+        self._facts(text, line_no)
         hit = match_line(text)
         if hit is None:
             return []
         rule, pat, m = hit
+        groups = {k: v for k, v in m.groupdict().items() if v is not None}
+        summary_rank: int | None = None
+        if rule.reason == "RankKilled":
+            if not self._killed(groups):
+                return []
+            if self._summary and line_no - self._summary_at <= _SUMMARY_SPAN:
+                summary_rank = self._summary[-1]
         acc = self._acc.get(rule.reason)
         if acc is None:
             acc = _Acc(rule, (len(self._sources) - 1, line_no), pat.layer or rule.layer)
@@ -273,7 +295,6 @@ class Classifier:
         acc.count += 1
         self._evidence(acc, line_no, text, self.max_evidence)
         if len(acc.messages) < 3:
-            groups = {k: v for k, v in m.groupdict().items() if v is not None}
             try:
                 acc.messages[pat.message.format(**groups)] = None
             except (KeyError, IndexError):
@@ -281,6 +302,8 @@ class Classifier:
         who = line_rank(text)
         rank = who.rank if who.rank is not None else (
             None if who.nccl else self._source_rank)
+        if rank is None:
+            rank = summary_rank
         if rank is not None:
             self._add_rank(acc, rank)
         elif who.nccl is not None and len(acc.nccl) < MAX_RANKS:
@@ -310,8 +333,26 @@ class Classifier:
         if len(self._seen) < MAX_RANKS:
             self._seen.add(rank)
 
-    def _facts(self, text: str) -> None:
+    def _killed(self, groups: dict[str, str]) -> bool:
+        """Name the signal of a RankKilled hit; False for torchrun's own SIGTERM to the others.
+
+        After one rank fails, torchrun logs "Sending process PID closing signal SIGTERM" for
+        each other rank and its failure summary then lists them with exitcode -15: a
+        consequence, not a kill from outside.
+        """
+        name = groups.get("name")
+        if name is None:
+            name = SIGNAL_NAMES.get(int(groups.get("sig", "0")), f"signal {groups.get('sig')}")
+            groups["name"] = name
+        groups["hint"] = SIGNAL_HINTS.get(name, "see that rank's last lines")
+        return not (name == "SIGTERM" and groups.get("pid") in self._terminated)
+
+    def _facts(self, text: str, line_no: int = 0) -> None:
         """Rank facts printed by NCCL and torchrun (not failures themselves)."""
+        if "closing signal" in text:
+            t = _TORCHRUN_TERM.search(text, 0, MAX_MATCH_CHARS)
+            if t and len(self._terminated) < MAX_RANKS:
+                self._terminated.add(t.group(1))
         if "ncclCommInitRank" in text or "nRanks" in text:
             m = NCCL_INIT.search(text, 0, MAX_MATCH_CHARS)
             who = line_rank(text)
@@ -335,6 +376,7 @@ class Classifier:
             m = SUMMARY_RANK.search(text, 0, MAX_MATCH_CHARS)
             if m and len(self._summary) < MAX_RANKS:
                 self._summary.append(int(m.group(1)))
+                self._summary_at = line_no
                 self._see(int(m.group(1)))
         if "Timeout at NCCL work" in text:
             m = _TIMEOUT_AT.search(text, 0, MAX_MATCH_CHARS)

@@ -437,12 +437,14 @@ RULES: tuple[Rule, ...] = (
 #: Substrings that every line a rule (or a rank fact) can match contains at least one of. The
 #: classifier looks only at lines holding one of them (a fast ``bytes.find`` over a block): almost
 #: every error line holds "rror" (XxxError:, error) or NCCL's "WARN"; the detail lines NCCL puts
-#: after "Last error:" are taken by ``Pattern.follow``. Each anchor costs one pass over the block.
+#: around "Last error:" are run through the rules by the classifier's detail window. Each anchor
+#: costs one pass over the block, a long one less than a short one (the search skips by its
+#: length), so the anchors are as long as the texts allow.
 ANCHORS: tuple[bytes, ...] = (
-    b"rror", b"WARN", b"imed out", b"imeout", b"in use", b"by peer", b"Xid", b"fallen off",
-    b"ncclCommInitRank", b"global_world_sizes", b"(local_rank:", b"SOCKET_IFNAME set",
-    b"Duplicate GPU", b"interface found", b"AF_INET", b"remote peer", b"exitcode", b"with signal",
-    b"received by PID", b"Connection refused", b"failed to connect", b"closing signal",
+    b"rror", b"WARN", b"imed out", b"imeout", b"already in use", b"peer", b"NVRM: Xid",
+    b"fallen off the bus", b"ncclCommInitRank", b"global_world_sizes", b"(local_rank:",
+    b"SOCKET_IFNAME set", b"exitcode", b"terminated with signal", b"closing signal",
+    b"Connection refused",
 )
 
 BY_REASON: dict[str, Rule] = {r.reason: r for r in RULES}

@@ -50,7 +50,9 @@ _TIMEOUT_AT = re.compile(r"Timeout at NCCL work: (\d{1,20}), last enqueued NCCL 
                          r" last completed NCCL work: (-?\d{1,20})")
 _WATCHDOG = re.compile(r"SeqNum=(\d{1,20}), OpType=(\w{1,40})")
 _IFNAME_SET = re.compile(r"((?:NCCL|GLOO)_SOCKET_IFNAME) set by environment to (\S{1,64})")
-_TORCHRUN_TERM = re.compile(r"Sending process (\d{1,10}) closing signal SIGTERM")
+_TORCHRUN_TERM = re.compile(r"Sending process (\d{1,10}) closing signal (SIGTERM)|Unable to "
+                            r"shutdown process (\d{1,10}) via Signals\.SIGTERM, forcefully "
+                            r"exiting via Signals\.(SIGKILL)")
 #: Lines after / before NCCL's "Last error:" examined for its detail (``_detail_window``).
 DETAIL_AFTER, DETAIL_BEFORE = 4, 2
 #: Lines between a failure summary's ``rank : R (local_rank: L)`` and its ``traceback`` line.
@@ -200,7 +202,7 @@ class Classifier:
         self._summary_at = -_SUMMARY_SPAN - 1
         self._detail_pending = 0
         self._tail: list[tuple[int, str]] = []
-        self._terminated: set[str] = set()
+        self._terminated: set[tuple[str, str]] = set()
         self._progress: dict[int, int] = {}
         self._watchdog: dict[int, tuple[int, str]] = {}
         self._completed: dict[int, int] = {}
@@ -356,6 +358,8 @@ class Classifier:
                 return []
             if self._summary and line_no - self._summary_at <= _SUMMARY_SPAN:
                 summary_rank = self._summary[-1]
+                if "pid" in groups:
+                    groups["who"] = f"rank {summary_rank} (pid {groups['pid']})"
         acc = self._acc.get(rule.reason)
         if acc is None:
             acc = _Acc(rule, (len(self._sources) - 1, line_no), pat.layer or rule.layer)
@@ -415,14 +419,17 @@ class Classifier:
             name = SIGNAL_NAMES.get(int(groups.get("sig", "0")), f"signal {groups.get('sig')}")
             groups["name"] = name
         groups["hint"] = SIGNAL_HINTS.get(name, "see that rank's last lines")
-        return not (name == "SIGTERM" and groups.get("pid") in self._terminated)
+        pid = groups.get("pid")
+        if pid is not None:
+            groups["who"] = f"process {pid}"
+        return (pid, name) not in self._terminated
 
     def _facts(self, text: str, line_no: int = 0) -> None:
         """Rank facts printed by NCCL and torchrun (not failures themselves)."""
-        if "closing signal" in text:
+        if "closing signal" in text or "forcefully exiting" in text:
             t = _TORCHRUN_TERM.search(text, 0, MAX_MATCH_CHARS)
             if t and len(self._terminated) < MAX_RANKS:
-                self._terminated.add(t.group(1))
+                self._terminated.add((t.group(1) or t.group(3), t.group(2) or t.group(4)))
         if "ncclCommInitRank" in text or "nRanks" in text:
             m = NCCL_INIT.search(text, 0, MAX_MATCH_CHARS)
             who = line_rank(text)

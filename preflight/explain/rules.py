@@ -310,9 +310,9 @@ RULES: tuple[Rule, ...] = (
                "local rank {local} was killed by {name}: {hint}"),
             _p(r"Signal (?P<sig>\d{1,2}) \((?P<name>SIG[A-Z]{2,8})\) received by PID "
                r"(?P<pid>\d{1,10})",
-               "process {pid} was killed by {name}: {hint}"),
+               "{who} was killed by {name}: {hint}"),
             _p(r"exitcode\s{0,8}: -(?P<sig>\d{1,2}) \(pid: (?P<pid>\d{1,10})\)",
-               "process {pid} was killed by {name}: {hint}"),
+               "{who} was killed by {name}: {hint}"),
             _p(r"process (?P<rank>\d{1,7}) terminated with signal (?P<name>SIG[A-Z]{2,8})",
                "process {rank} (mp.spawn) was killed by {name}: {hint}"),
         ),

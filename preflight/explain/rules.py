@@ -316,8 +316,8 @@ RULES: tuple[Rule, ...] = (
             _p(r"process (?P<rank>\d{1,7}) terminated with signal (?P<name>SIG[A-Z]{2,8})",
                "process {rank} (mp.spawn) was killed by {name}: {hint}"),
         ),
-        "[rank1]: torch.distributed.elastic: failed (exitcode: -9) local_rank: 1 (pid: 4711) of "
-        "binary: /usr/bin/python3",
+        "E1129 10:12:58.835000 803 torch/distributed/elastic/multiprocessing/api.py:986] failed "
+        "(exitcode: -9) local_rank: 1 (pid: 825) of binary: /opt/torch/.venv/bin/python",
     ),
     Rule(
         "NcclSystemError", Layer.COMMUNICATION, WRAPPER,

@@ -15,6 +15,13 @@
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+# `preflight explain` itself needs no GPU library, but the CLI imports netifaces: the carried
+# netifaces-plus wheel (.whl/, as for scripts/device/lib.sh) when there is one. The logs are
+# written either way.
+if ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile \
+    --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; then
+  export PYTHONPATH=$PWD:/tmp/site
+fi
 W=$(mktemp -d /tmp/explain-logs.XXXXXX)
 LOG=$W/runs.log
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
@@ -60,7 +67,7 @@ for case in sigkill sigsegv wrong-iface timeout init-timeout; do
   [ "$case" = wrong-iface ] && extra=(NCCL_SOCKET_IFNAME=nosuch0 GLOO_SOCKET_IFNAME=nosuch0)
   printf '\n######## %s\n' "$case" >>"$LOG"
   start=$(date +%s)
-  env NCCL_DEBUG=WARN "${extra[@]}" timeout -k 5 75 \
+  env NCCL_DEBUG=WARN "${extra[@]}" timeout -k 5 45 \
     torchrun --nproc_per_node=2 --master_addr=127.0.0.1 --master_port=$port --tee 3 \
     "$W/job.py" "$case" "$BACKEND" >"$W/real-h200-$case.log" 2>&1
   echo "$case rc=$? in $(( $(date +%s) - start )) s" >>"$LOG"

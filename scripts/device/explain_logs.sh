@@ -5,7 +5,7 @@
 #   bash scripts/device/explain_logs.sh        ->  $OUT/explain-logs.tar
 # The tar holds real-h200-<case>.log (copy them into tests/explain/logs/, where
 # tests/explain/test_real_h200_logs.py reads them), explain-<case>.txt (what preflight explain
-# says about each) and runs.log. Cases, each under `timeout`, about 2 minutes in all:
+# says about each) and runs.log. Cases, each under `timeout` (45 s), about 2 minutes in all:
 #   sigkill       rank 1 kills itself with SIGKILL after the first all_reduce
 #   sigsegv       rank 1 kills itself with SIGSEGV after the first all_reduce
 #   wrong-iface   NCCL_SOCKET_IFNAME names an interface the host does not have

@@ -270,8 +270,8 @@ class Classifier:
         (``Duplicate GPU detected ...``, ``Bootstrap : no socket interface found``). With
         several ranks writing to one stream the detail can land a few lines further, or above
         when lines were reordered, so ``DETAIL_AFTER`` lines below and ``DETAIL_BEFORE`` above
-        are run through the rules too (each line once per block; lines beyond the block's
-        edges are not reached).
+        are run through the rules too (each line once; the window continues into the next
+        block, and the previous block's last lines are kept for it).
         """
         pos = start
         for k in range(1, DETAIL_BEFORE + 1):

@@ -24,7 +24,17 @@ from preflight.explain.ranks import (
     plural,
     progress_of,
 )
-from preflight.explain.rules import ANCHORS, ORIGIN, RULES, SYMPTOM, Layer, Pattern, Rule
+from preflight.explain.rules import (
+    ANCHORS,
+    ORIGIN,
+    RULES,
+    SIGNAL_HINTS,
+    SIGNAL_NAMES,
+    SYMPTOM,
+    Layer,
+    Pattern,
+    Rule,
+)
 
 #: JSON-able value in ``details`` and ``to_json`` output.
 Detail = Any
@@ -40,6 +50,13 @@ _TIMEOUT_AT = re.compile(r"Timeout at NCCL work: (\d{1,20}), last enqueued NCCL 
                          r" last completed NCCL work: (-?\d{1,20})")
 _WATCHDOG = re.compile(r"SeqNum=(\d{1,20}), OpType=(\w{1,40})")
 _IFNAME_SET = re.compile(r"((?:NCCL|GLOO)_SOCKET_IFNAME) set by environment to (\S{1,64})")
+_TORCHRUN_TERM = re.compile(r"Sending process (\d{1,10}) closing signal (SIGTERM)|Unable to "
+                            r"shutdown process (\d{1,10}) via Signals\.SIGTERM, forcefully "
+                            r"exiting via Signals\.(SIGKILL)")
+#: Lines after / before NCCL's "Last error:" examined for its detail (``_detail_window``).
+DETAIL_AFTER, DETAIL_BEFORE = 4, 2
+#: Lines between a failure summary's ``rank : R (local_rank: L)`` and its ``traceback`` line.
+_SUMMARY_SPAN = 6
 _FILE_RANK = re.compile(r"(?:rank[_-]?|attempt_\d{1,5}/)(\d{1,7})(?:\D|$)")
 
 
@@ -141,6 +158,7 @@ class _Acc:
     ranks: dict[int, None] = field(default_factory=dict)
     nccl: dict[tuple[str, int, int], None] = field(default_factory=dict)
     messages: dict[str, None] = field(default_factory=dict)
+    signals: dict[str, None] = field(default_factory=dict)
 
 
 def _cut(text: str) -> str:
@@ -181,6 +199,10 @@ class Classifier:
         self._seen: set[int] = set()
         self._world: int | None = None
         self._summary: list[int] = []
+        self._summary_at = -_SUMMARY_SPAN - 1
+        self._detail_pending = 0
+        self._tail: list[tuple[int, str]] = []
+        self._terminated: set[tuple[str, str]] = set()
         self._progress: dict[int, int] = {}
         self._watchdog: dict[int, tuple[int, str]] = {}
         self._completed: dict[int, int] = {}
@@ -200,6 +222,8 @@ class Classifier:
         self._pending = []
         m = _FILE_RANK.search(source)
         self._source_rank = int(m.group(1)) if m else None
+        self._detail_pending = 0
+        self._tail = []
 
     def feed_text(self, text: str) -> None:
         """Convenience for tests: feed a whole decoded log."""
@@ -219,17 +243,78 @@ class Classifier:
             self._follow(block, 0, self._base + 1, pending)
         line_no = self._base
         last = 0
+        visited = set(starts)
+        if self._detail_pending:
+            self._detail_forward(block, 0, self._base, self._detail_pending, visited)
         for start in starts:
             line_no += block.count(b"\n", last, start)
             last = start
             end = block.find(b"\n", start)
-            follow = self._line(_decode(block[start:end]), line_no + 1)
+            text = _decode(block[start:end])
+            follow = self._line(text, line_no + 1)
             if follow:
                 self._follow(block, end + 1, line_no + 2, follow)
+            if "Last error" in text:
+                self._detail_window(block, start, end, line_no + 1, visited)
+        self._keep_tail(block, visited)
         self._track_progress(block)
         nl = block.count(b"\n")
         self._base += nl
         self._lines += nl
+
+    def _detail_window(self, block: bytes, start: int, end: int, line_no: int,
+                       visited: set[int]) -> None:
+        """Classify the lines around NCCL's "Last error:" (its detail line holds the cause).
+
+        NCCL prints ``ncclXxx: ...`` / ``Last error:`` / the real cause on the next line
+        (``Duplicate GPU detected ...``, ``Bootstrap : no socket interface found``). With
+        several ranks writing to one stream the detail can land a few lines further, or above
+        when lines were reordered, so ``DETAIL_AFTER`` lines below and ``DETAIL_BEFORE`` above
+        are run through the rules too (each line once; the window continues into the next
+        block, and the previous block's last lines are kept for it).
+        """
+        pos = start
+        for k in range(1, DETAIL_BEFORE + 1):
+            if pos == 0:
+                for tail_no, text in reversed(self._tail[-(DETAIL_BEFORE + 1 - k):]):
+                    self._line(text, tail_no)
+                self._tail = []
+                break
+            prev = block.rfind(b"\n", 0, pos - 1) + 1
+            if prev not in visited:
+                visited.add(prev)
+                self._line(_decode(block[prev:pos - 1]), line_no - k)
+            pos = prev
+        self._detail_forward(block, end + 1, line_no, DETAIL_AFTER, visited)
+
+    def _detail_forward(self, block: bytes, pos: int, line_no: int, n: int,
+                        visited: set[int]) -> None:
+        """Classify up to ``n`` lines from ``pos`` (numbered after ``line_no``); the rest of
+        the window waits for the next block."""
+        self._detail_pending = 0
+        for k in range(1, n + 1):
+            if pos >= len(block):
+                self._detail_pending = n - k + 1
+                return
+            nxt = block.find(b"\n", pos)
+            if pos not in visited:
+                visited.add(pos)
+                self._line(_decode(block[pos:nxt]), line_no + k)
+            pos = nxt + 1
+
+    def _keep_tail(self, block: bytes, visited: set[int]) -> None:
+        """Keep the block's last unexamined lines for a "Last error:" early in the next one."""
+        tail: list[tuple[int, str]] = []
+        end = len(block) - 1
+        no = self._base + block.count(b"\n")
+        for _ in range(DETAIL_BEFORE):
+            if end <= 0:
+                break
+            start = block.rfind(b"\n", 0, end) + 1
+            if start not in visited:
+                tail.insert(0, (no, _decode(block[start:end])))
+            end, no = start - 1, no - 1
+        self._tail = tail
 
     def _hit_starts(self, block: bytes) -> list[int]:
         """Start offsets of the lines holding an anchor, sorted, each once."""
@@ -261,19 +346,29 @@ class Classifier:
     # -- one candidate line ---------------------------------------------------------------------
 
     def _line(self, text: str, line_no: int) -> list[tuple[_Acc, int]]:
-        self._facts(text)
+        self._facts(text, line_no)
         hit = match_line(text)
         if hit is None:
             return []
         rule, pat, m = hit
+        groups = {k: v for k, v in m.groupdict().items() if v is not None}
+        summary_rank: int | None = None
+        if rule.reason == "RankKilled":
+            if not self._killed(groups):
+                return []
+            if self._summary and line_no - self._summary_at <= _SUMMARY_SPAN:
+                summary_rank = self._summary[-1]
+                if "pid" in groups:
+                    groups["who"] = f"rank {summary_rank} (pid {groups['pid']})"
         acc = self._acc.get(rule.reason)
         if acc is None:
             acc = _Acc(rule, (len(self._sources) - 1, line_no), pat.layer or rule.layer)
             self._acc[rule.reason] = acc
         acc.count += 1
+        if "name" in groups and rule.reason == "RankKilled" and len(acc.signals) < 8:
+            acc.signals[groups["name"]] = None
         self._evidence(acc, line_no, text, self.max_evidence)
         if len(acc.messages) < 3:
-            groups = {k: v for k, v in m.groupdict().items() if v is not None}
             try:
                 acc.messages[pat.message.format(**groups)] = None
             except (KeyError, IndexError):
@@ -281,6 +376,8 @@ class Classifier:
         who = line_rank(text)
         rank = who.rank if who.rank is not None else (
             None if who.nccl else self._source_rank)
+        if rank is None:
+            rank = summary_rank
         if rank is not None:
             self._add_rank(acc, rank)
         elif who.nccl is not None and len(acc.nccl) < MAX_RANKS:
@@ -310,8 +407,29 @@ class Classifier:
         if len(self._seen) < MAX_RANKS:
             self._seen.add(rank)
 
-    def _facts(self, text: str) -> None:
+    def _killed(self, groups: dict[str, str]) -> bool:
+        """Name the signal of a RankKilled hit; False for torchrun's own SIGTERM to the others.
+
+        After one rank fails, torchrun logs "Sending process PID closing signal SIGTERM" for
+        each other rank and its failure summary then lists them with exitcode -15: a
+        consequence, not a kill from outside.
+        """
+        name = groups.get("name")
+        if name is None:
+            name = SIGNAL_NAMES.get(int(groups.get("sig", "0")), f"signal {groups.get('sig')}")
+            groups["name"] = name
+        groups["hint"] = SIGNAL_HINTS.get(name, "see that rank's last lines")
+        pid = groups.get("pid")
+        if pid is not None:
+            groups["who"] = f"process {pid}"
+        return (pid, name) not in self._terminated
+
+    def _facts(self, text: str, line_no: int = 0) -> None:
         """Rank facts printed by NCCL and torchrun (not failures themselves)."""
+        if "closing signal" in text or "forcefully exiting" in text:
+            t = _TORCHRUN_TERM.search(text, 0, MAX_MATCH_CHARS)
+            if t and len(self._terminated) < MAX_RANKS:
+                self._terminated.add((t.group(1) or t.group(3), t.group(2) or t.group(4)))
         if "ncclCommInitRank" in text or "nRanks" in text:
             m = NCCL_INIT.search(text, 0, MAX_MATCH_CHARS)
             who = line_rank(text)
@@ -335,6 +453,7 @@ class Classifier:
             m = SUMMARY_RANK.search(text, 0, MAX_MATCH_CHARS)
             if m and len(self._summary) < MAX_RANKS:
                 self._summary.append(int(m.group(1)))
+                self._summary_at = line_no
                 self._see(int(m.group(1)))
         if "Timeout at NCCL work" in text:
             m = _TIMEOUT_AT.search(text, 0, MAX_MATCH_CHARS)
@@ -416,9 +535,22 @@ class Classifier:
         summary = self._summary_ranks()
         root = summary.root_cause
         ordered = sorted(self._acc.values(), key=lambda a: (
-            a.rule.tier, 0 if root is not None and root in a.ranks else 1, a.first))
+            self._tier(a), 0 if root is not None and root in a.ranks else 1, a.first))
         findings = tuple(self._finding(a, summary) for a in ordered)
         return Explanation(findings, summary, tuple(self._sources), self._lines, self._bytes)
+
+    def _tier(self, acc: _Acc) -> int:
+        """The rule's tier, except for a rank that only aborted after printing its own error.
+
+        ProcessGroupNCCL takes a rank down with SIGABRT once its watchdog saw a timeout or an
+        NCCL error ("To avoid data inconsistency, we are taking the entire process down"): when
+        every kill is a SIGABRT of a rank that another finding already names, the kill is that
+        finding's consequence and goes last.
+        """
+        if acc.rule.reason != "RankKilled" or set(acc.signals) != {"SIGABRT"} or not acc.ranks:
+            return acc.rule.tier
+        named = {r for other in self._acc.values() if other is not acc for r in other.ranks}
+        return SYMPTOM + 1 if set(acc.ranks) <= named else acc.rule.tier
 
     def _summary_ranks(self) -> RankSummary:
         failed: dict[int, None] = {}

@@ -9,8 +9,10 @@ bounded repetitions or character classes followed by literals, and never nest qu
 input can make them backtrack for long (tests/explain property-tests them on garbage).
 
 ``tier`` orders findings cause-first (issue 6, "root cause first"): 0 an origin (a full /dev/shm, a
-NIC error, an OOM), 1 an error that usually wraps an origin (ncclSystemError, a rendezvous
-timeout), 2 a symptom of another rank's death (the watchdog timeout, broken pipes).
+NIC error, an OOM), 1 a rank killed by a signal (the kill is the cause of what the other ranks
+print, but a specific origin in the same log - an OOM, a full /dev/shm - says why it died), 2 an
+error that usually wraps an origin (ncclSystemError, a rendezvous timeout, a refused NCCL
+connect), 3 a symptom of another rank's death (the watchdog timeout, broken pipes).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def _p(regex: str, message: str, *, layer: Layer | None = None, follow: int = 0)
     return Pattern(re.compile(regex), message, layer, follow)
 
 
-ORIGIN, WRAPPER, SYMPTOM = 0, 1, 2
+ORIGIN, KILLED, WRAPPER, SYMPTOM = 0, 1, 2, 3
 
 RULES: tuple[Rule, ...] = (
     Rule(
@@ -137,8 +139,12 @@ RULES: tuple[Rule, ...] = (
         "GLOO_SOCKET_IFNAME=eth0` (a prefix matches eth0, eth1...; `=eth0` is exact; no spaces "
         "after commas) (article 3.2, nccl.md section 3)",
         (
-            _p(r"Bootstrap ?: no socket interface found",
+            _p(r"Bootstrap ?: no (?:NCCL_SOCKET_IFNAME )?socket interface found|"
+               r"no NCCL_SOCKET_IFNAME interface found",
                "NCCL's bootstrap found no socket interface to use"),
+            _p(r"with family \d{1,6} is neither AF_INET\(2\) nor AF_INET6\(10\)",
+               "NCCL got no address for its socket interface (NCCL_SOCKET_IFNAME names an "
+               "interface this host does not have)"),
             _p(r"NET/Socket ?: no interface found|No usable listening interface found",
                "NCCL's socket transport found no interface to use"),
             _p(r"Unable to find address for:? (?P<ifname>\S{1,64})",
@@ -151,11 +157,16 @@ RULES: tuple[Rule, ...] = (
         "/dev/shm is too small or full: give the container more, `docker run --shm-size=16g "
         "--ulimit memlock=-1` (Kubernetes: an emptyDir with medium: Memory at /dev/shm), then "
         "`preflight check --only shm`; workarounds: `export NCCL_SHM_DISABLE=1` for NCCL, fewer "
-        "DataLoader num_workers for data loading (article 3.2, nccl.md section 6)",
+        "DataLoader num_workers for data loading; ranks of one node in separate containers must "
+        "share one /dev/shm (`docker run --ipc=host`) (article 3.2, nccl.md section 6)",
         (
             _p(r"Error while creating shared memory segment (?P<path>\S{1,300}) \(size "
                r"(?P<size>\d{1,20})\)",
                "NCCL could not create the shared-memory segment {path} ({size} B) in /dev/shm"),
+            _p(r"Error while attaching to shared memory segment (?P<path>\S{1,300}) \(size "
+               r"(?P<size>\d{1,20})\)",
+               "NCCL could not attach the shared-memory segment {path} ({size} B) another rank "
+               "created: the ranks do not share one /dev/shm, or it was removed"),
             _p(r"failed to extend (?P<path>\S{1,300}) to (?P<size>\d{1,20}) bytes",
                "NCCL could not grow {path} to {size} B: /dev/shm is full"),
             _p(r"posix_fallocate failed ?: No space left on device",
@@ -184,8 +195,8 @@ RULES: tuple[Rule, ...] = (
         "(`ulimit -l unlimited`, docker `--ulimit memlock=-1`); NCCL_IB_DISABLE=1 only to confirm "
         "(it falls back to slow sockets)",
         (
-            _p(r"NET/IB ?: Got completion (?:from peer (?P<peer>\S{1,80}) )?with (?:status|error) "
-               r"(?P<code>\d{1,4})",
+            _p(r"NET/IB ?: Got completion (?:from peer (?P<peer>\S{1,80}) )?with "
+               r"(?:status|error)[= ](?P<code>\d{1,4})",
                "an InfiniBand work completion failed with status {code}"),
             _p(r"NET/IB[^\n]{0,200}(?:failed|[Ee]rror)",
                "the NCCL InfiniBand transport reported an error", layer=Layer.COMMUNICATION),
@@ -284,6 +295,31 @@ RULES: tuple[Rule, ...] = (
         "RuntimeError: DataLoader worker (pid(s) 51234) exited unexpectedly",
     ),
     Rule(
+        "RankKilled", Layer.ENVIRONMENT, KILLED,
+        "SIGKILL (-9): the kernel's OOM killer or the scheduler (memory limit, time limit, "
+        "preemption) killed the rank: `dmesg -T | grep -i -E 'killed process|out of memory'` or "
+        "`journalctl -k`, the job's memory accounting (`sacct -j JOB -o MaxRSS`, `kubectl "
+        "describe pod`: OOMKilled); lower host memory use (DataLoader num_workers, "
+        "pin_memory, loading the checkpoint on every rank at once). SIGSEGV (-11), SIGABRT (-6), "
+        "SIGBUS (-7): the rank crashed: read that rank's last lines (a native stack, a CUDA or "
+        "NCCL abort; SIGBUS is often a full /dev/shm), rerun with `PYTHONFAULTHANDLER=1`. "
+        "SIGTERM (-15) / SIGINT: something stopped it from outside (scheduler time limit, "
+        "preemption, torchrun after another rank failed)",
+        (
+            _p(r"failed \(exitcode: -(?P<sig>\d{1,2})\) local_rank: (?P<local>\d{1,7})",
+               "local rank {local} was killed by {name}: {hint}"),
+            _p(r"Signal (?P<sig>\d{1,2}) \((?P<name>SIG[A-Z]{2,8})\) received by PID "
+               r"(?P<pid>\d{1,10})",
+               "{who} was killed by {name}: {hint}"),
+            _p(r"exitcode\s{0,8}: -(?P<sig>\d{1,2}) \(pid: (?P<pid>\d{1,10})\)",
+               "{who} was killed by {name}: {hint}"),
+            _p(r"process (?P<rank>\d{1,7}) terminated with signal (?P<name>SIG[A-Z]{2,8})",
+               "process {rank} (mp.spawn) was killed by {name}: {hint}"),
+        ),
+        "E1129 10:12:58.835000 803 torch/distributed/elastic/multiprocessing/api.py:986] failed "
+        "(exitcode: -9) local_rank: 1 (pid: 825) of binary: /opt/torch/.venv/bin/python",
+    ),
+    Rule(
         "NcclSystemError", Layer.COMMUNICATION, WRAPPER,
         "read the NCCL WARN line and the 'Last error:' detail above it; rerun with "
         "`NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET` to see the interface and transport NCCL "
@@ -294,11 +330,13 @@ RULES: tuple[Rule, ...] = (
             _p(r"unhandled system error|ncclSystemError",
                "NCCL reported a system error (a socket, shared memory or device call failed)",
                follow=2),
-            _p(r"ncclInternalError|internal error - please report this issue to the NCCL",
+            _p(r"ncclInternalError|internal error - please report this issue to the NCCL|"
+               r"NCCL (?:error in: [^\n]{1,300}, |Error 3: )internal error",
                "NCCL reported an internal error", follow=2),
             _p(r"ncclUnhandledCudaError|unhandled cuda error",
                "NCCL reported a CUDA call failure", follow=2),
-            _p(r"ncclInvalidUsage|invalid usage \(run with NCCL_DEBUG",
+            _p(r"ncclInvalidUsage|invalid usage \(run with NCCL_DEBUG|"
+               r"NCCL error in: [^\n]{1,300}, invalid usage",
                "NCCL reported invalid usage", follow=2),
         ),
         "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
@@ -318,6 +356,16 @@ RULES: tuple[Rule, ...] = (
             _p(r"client socket has timed out after (?P<t>\d{1,12}m?s) while trying to connect "
                r"to \((?P<host>[^,\n]{1,255}), (?P<port>\d{1,5})\)",
                "a rank could not connect to the store at {host}:{port} within {t}"),
+            _p(r"(?i:timed out initializing process group in store based barrier)"
+               r"(?: on rank:? (?P<rank>\d{1,7}))?",
+               "the ranks did not all reach the store-based barrier of init_process_group "
+               "(torch 1.x)"),
+            _p(r"client socket has timed out after (?P<t>\d{1,12}m?s) while trying to connect",
+               "a rank could not connect to the store (MASTER_ADDR:MASTER_PORT) within {t}"),
+            _p(r"client socket has failed to connect to (?:any network address of )?"
+               r"(?P<addr>[^\n]{1,120}?)(?: \(errno: (?P<errno>\d{1,4}) - (?P<why>[^)\n]{1,60})\)|"
+               r"\.|$)",
+               "a rank could not connect to the store at {addr}"),
             _p(r"wait timeout after (?P<t>\d{1,12})ms, keys:",
                "a rank waited {t} ms for the other ranks' keys in the store"),
             _p(r"RendezvousTimeoutError|[Rr]endezvous[^\n]{0,120}timed out|"
@@ -326,6 +374,26 @@ RULES: tuple[Rule, ...] = (
         ),
         "torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. "
         "3/4 clients joined.",
+    ),
+    Rule(
+        "NcclConnectFailed", Layer.COMMUNICATION, WRAPPER,
+        "a rank could not open NCCL's TCP connection to a peer (bootstrap or proxy): the address "
+        "in the message must be the peer node's data NIC (`ip -br addr` there; pin it with "
+        "`NCCL_SOCKET_IFNAME`, e.g. `=eth0`, on every node), the peer must be reachable "
+        "(`ping`, `nc -zv ADDR PORT`; a firewall must let the nodes reach each other on any TCP "
+        "port, NCCL listens on ephemeral ports) and alive: if a finding above says the peer "
+        "died first, fix that (NCCL troubleshooting guide, section Networking issues)",
+        (
+            _p(r"Connect to (?P<peer>\S{1,80}) failed ?: (?P<why>[A-Za-z][A-Za-z ]{2,60})",
+               "NCCL could not connect to {peer}: {why}"),
+            _p(r"Call to connect returned (?P<why>[A-Za-z][A-Za-z ]{2,60}), retrying",
+               "NCCL's connect was refused or timed out and is retrying: {why}"),
+            _p(r"socketPollConnect[^\n]{0,160}?(?P<why>Connection timed out|Connection refused|"
+               r"No route to host)",
+               "NCCL's connect to a peer failed: {why}"),
+        ),
+        "node01:4102:4190 [0] misc/socket.cc:484 NCCL WARN socketStartConnect: Connect to "
+        "10.1.0.12<43211> failed : Connection refused",
     ),
     Rule(
         "CollectiveTimeout", Layer.COMMUNICATION, SYMPTOM,
@@ -357,7 +425,7 @@ RULES: tuple[Rule, ...] = (
         (
             _p(r"ncclRemoteError|remote process exited", "NCCL lost a remote peer",
                follow=2),
-            _p(r"Broken pipe|Connection reset by peer|Connection closed by peer",
+            _p(r"Broken pipe|Connection reset by peer|Connection closed by (?:remote )?peer",
                "a connection to another rank or the store broke (peer gone)"),
         ),
         "[rank1]:[E1129 10:42:18.004120811 ProcessGroupNCCL.cpp:1684] [PG ID 0 PG GUID 0"
@@ -369,10 +437,28 @@ RULES: tuple[Rule, ...] = (
 #: Substrings that every line a rule (or a rank fact) can match contains at least one of. The
 #: classifier looks only at lines holding one of them (a fast ``bytes.find`` over a block): almost
 #: every error line holds "rror" (XxxError:, error) or NCCL's "WARN"; the detail lines NCCL puts
-#: after "Last error:" are taken by ``Pattern.follow``. Each anchor costs one pass over the block.
+#: around "Last error:" are run through the rules by the classifier's detail window. Each anchor
+#: costs one pass over the block, a long one less than a short one (the search skips by its
+#: length), so the anchors are as long as the texts allow.
 ANCHORS: tuple[bytes, ...] = (
-    b"rror", b"WARN", b"imed out", b"imeout", b"in use", b"by peer", b"Xid", b"fallen off",
-    b"ncclCommInitRank", b"global_world_sizes", b"(local_rank:", b"SOCKET_IFNAME set",
+    b"rror", b"WARN", b"imed out", b"imeout", b"already in use", b"peer", b"NVRM: Xid",
+    b"fallen off the bus", b"ncclCommInitRank", b"global_world_sizes", b"(local_rank:",
+    b"SOCKET_IFNAME set", b"exitcode", b"terminated with signal", b"closing signal",
+    b"Connection refused",
 )
 
 BY_REASON: dict[str, Rule] = {r.reason: r for r in RULES}
+
+#: Signal numbers torchrun prints as a negative exit code (``exitcode: -9``), and the likely
+#: cause ``RankKilled`` names for each.
+SIGNAL_NAMES: dict[int, str] = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT",
+                                7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV",
+                                13: "SIGPIPE", 15: "SIGTERM"}
+SIGNAL_HINTS: dict[str, str] = {
+    "SIGKILL": "likely the host's OOM killer or the scheduler (check `dmesg` / `journalctl -k`)",
+    "SIGSEGV": "the rank crashed (look at that rank's last lines)",
+    "SIGABRT": "the rank aborted (look at that rank's last lines: a CUDA or NCCL abort)",
+    "SIGBUS": "the rank crashed on a bus error (often a full /dev/shm)",
+    "SIGTERM": "something stopped it from outside (scheduler time limit or preemption)",
+    "SIGINT": "it was interrupted (Ctrl-C or the scheduler)",
+}

@@ -17,6 +17,10 @@ FRAGMENTS = [
     "rank 3 nranks 8", "iteration ", "step ", "SeqNum=", "OpType=", "Timeout(ms)=",
     "Watchdog caught collective operation timeout: WorkNCCL(", "Duplicate GPU detected : rank ",
     "(local_rank: ", "global_world_sizes=[", "Error", "\n", "9", " ", "ibv_", "/dev/shm",
+    "Last error:", "failed (exitcode: -", ") local_rank: ", "exitcode  : -", " (pid: ",
+    "Signal 9 (SIGKILL) received by PID ", "process 1 terminated with signal SIG",
+    "Sending process 12 closing signal SIGTERM", "Connect to ", " failed : ",
+    "client socket has failed to connect to ", "in store based barrier on rank: ", "rank      : ",
 ]
 soup = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=20)), max_size=60).map(
     "".join)
@@ -55,7 +59,9 @@ def test_adversarial_long_lines_stay_fast() -> None:
     """Near-misses repeated over a megabyte line: bounded regexes keep it well under a second."""
     bad = ["ibv_" + "a" * 39, "NET/IB " * 30, "Watchdog caught collective operation timeout: "
            "WorkNCCL(SeqNum=1, OpType=X" + "(" * 300, "[" + "a" * 30 + "1" * 7, "Rendezvous ",
-           "rank 1 nranks ", "/dev/shm" + " " * 290, "Timed out after 1 seconds waiting "]
+           "rank 1 nranks ", "/dev/shm" + " " * 290, "Timed out after 1 seconds waiting ",
+           "client socket has failed to connect to " + "x(" * 70, "socketPollConnect" + " " * 170,
+           "Connect to " + "a" * 85 + " failed : ", "Last error: " * 3, "exitcode : -" * 20]
     line = ("".join(bad) * 2000).encode()[:1 << 20] + b"\n"
     start = time.perf_counter()
     explain_streams([("-", io.BytesIO(line * 3))])

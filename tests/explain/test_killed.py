@@ -1,0 +1,90 @@
+"""RankKilled: a rank ended by a signal, named with the signal, ordered against other findings."""
+
+from __future__ import annotations
+
+from preflight.explain import classify_texts
+
+SUMMARY = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-30_10:00:01
+  host      : node01
+  rank      : 1 (local_rank: 1)
+  exitcode  : -15 (pid: 902)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 902
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-30_10:00:00
+  host      : node01
+  rank      : 0 (local_rank: 0)
+  exitcode  : -{sig} (pid: 901)
+  error_file: <N/A>
+  traceback : Signal {sig} ({name}) received by PID 901
+============================================================
+"""
+TERM = ("W1130 10:00:01.000000 900 torch/distributed/elastic/multiprocessing/api.py:897] "
+        "Sending process 902 closing signal SIGTERM\n")
+WATCHDOG = ("[rank0]:[E1130 10:00:00.000000000 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught "
+            "collective operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE, NumelIn=1024, "
+            "NumelOut=1024, Timeout(ms)=15000) ran for 15002 milliseconds before timing out.\n"
+            "[default1]:rank 1: iteration 2\n")
+OOM = ("[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 "
+       "has a total capacity of 79.19 GiB of which 1.21 GiB is free.\n")
+
+
+def reasons(text: str) -> list[str]:
+    return [f.reason for f in classify_texts([("job.log", text)]).findings]
+
+
+def test_the_root_cause_rank_is_named_with_its_signal_and_torchruns_sigterm_is_not() -> None:
+    expl = classify_texts([("job.log", TERM + SUMMARY.format(sig=9, name="SIGKILL"))])
+    (killed,) = expl.findings
+    assert killed.reason == "RankKilled"
+    assert killed.ranks == (0,)
+    assert "rank 0 (pid 901) was killed by SIGKILL" in killed.message
+    assert "OOM killer" in killed.message
+    assert "SIGTERM" not in killed.message
+    assert expl.ranks.root_cause == 0
+
+
+def test_a_sigterm_torchrun_did_not_send_is_a_kill_from_outside() -> None:
+    expl = classify_texts([("job.log", SUMMARY.format(sig=15, name="SIGTERM"))])
+    assert expl.findings[0].reason == "RankKilled"
+    assert expl.findings[0].ranks == (1, 0)
+    assert "from outside" in expl.findings[0].message
+
+
+def test_a_specific_cause_comes_before_the_kill() -> None:
+    assert reasons(OOM + TERM + SUMMARY.format(sig=9, name="SIGKILL")) == [
+        "CudaOutOfMemory", "RankKilled"]
+
+
+def test_the_watchdogs_own_abort_goes_after_the_timeout() -> None:
+    got = reasons(WATCHDOG + TERM + SUMMARY.format(sig=6, name="SIGABRT"))
+    assert got == ["CollectiveTimeout", "RankKilled"]
+
+
+def test_an_abort_of_a_rank_that_printed_nothing_else_is_the_first_finding() -> None:
+    text = WATCHDOG.replace("[rank0]:", "[rank3]:").replace("[Rank 0]", "[Rank 3]")
+    assert reasons(text + TERM + SUMMARY.format(sig=6, name="SIGABRT")) == [
+        "RankKilled", "CollectiveTimeout"]
+
+
+def test_mp_spawn_and_old_torch_phrasings() -> None:
+    for line in ("torch.multiprocessing.spawn.ProcessExitedException: process 2 terminated "
+                 "with signal SIGSEGV", "Exception: process 2 terminated with signal SIGSEGV"):
+        expl = classify_texts([("job.log", line + "\n")])
+        assert [f.reason for f in expl.findings] == ["RankKilled"]
+        assert expl.findings[0].ranks == (2,)
+        assert "crashed" in expl.findings[0].message
+
+
+def test_an_exception_in_a_spawned_process_is_not_a_kill() -> None:
+    assert reasons("-- Process 0 terminated with the following error:\nTraceback (most recent "
+                   "call last):\nValueError: bad config\n") == []

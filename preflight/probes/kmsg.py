@@ -110,6 +110,10 @@ def read_journal(root: Path, *, deadline_s: float, max_bytes: int = MAX_LOG_BYTE
         err = proc.stderr.decode(errors="replace").strip().splitlines()
         raise OSError(f"{' '.join(argv[:4])} exited {proc.returncode}"
                       f"{': ' + err[-1] if err else ''}")
+    if not proc.stdout.strip():
+        # A boot always logs kernel messages ("Linux version ..."); none means journald keeps no
+        # kernel log here (no journal, or ForwardToKernel-only setups), not a clean log.
+        raise OSError(f"{' '.join(argv[:4])} returned no kernel message for this boot")
     return proc.stdout[-max_bytes:].decode(errors="replace")
 
 

@@ -55,7 +55,8 @@ class NvmlXidEvents:
     def __init__(self) -> None:
         self._nvml: Any = None
         self._set: Any = None
-        self._index: dict[int, str] = {}
+        #: ``{dddd:bb:dd: index}`` of every GPU, once open.
+        self.gpus: dict[str, str] = {}
 
     def open(self) -> Mapping[str, str]:
         import pynvml
@@ -79,6 +80,7 @@ class NvmlXidEvents:
                     registered += 1
             except pynvml.NVMLError as exc:
                 log.info("GPU %d: no Xid events from NVML: %s", i, exc)
+        self.gpus = bus
         if not registered:
             raise RuntimeError("no GPU supports NVML Xid events")
         return bus

@@ -194,6 +194,20 @@ def xids(lines: Iterable[LogLine]) -> list[XidEvent]:
     return [x for x in map(parse_xid, lines) if x is not None]
 
 
+def scan(text: str, form: str) -> tuple[list[XidEvent], float | None]:
+    """(every Xid, the first record's time since boot) of a whole log in ``form`` ``kmsg`` or
+    ``journal``. Only lines that contain ``Xid`` are parsed in full: a 32 MiB log costs one pass
+    of ``str.find`` instead of two regular expressions per line."""
+    parse = parse_kmsg if form == "kmsg" else parse_journal
+    first: float | None = None
+    for line in text[:4096].splitlines()[:8]:
+        first = next((ln.uptime_s for ln in parse(line) if ln.uptime_s is not None), None)
+        if first is not None:
+            break
+    candidates = [ln for ln in text.splitlines() if "Xid" in ln]
+    return xids(parse("\n".join(candidates))), first
+
+
 def gpu_key(bus_id: str) -> str:
     """``dddd:bb:dd`` of a full PCI bus id (NVML's ``00000000:3B:00.0``), to match Xid lines."""
     full = normalize_bus_id(bus_id)
@@ -201,4 +215,4 @@ def gpu_key(bus_id: str) -> str:
 
 
 __all__ = ["XID_TABLE", "LogLine", "XidClass", "XidEvent", "XidInfo", "classify", "gpu_key",
-           "parse_journal", "parse_kmsg", "parse_xid", "xids"]
+           "parse_journal", "parse_kmsg", "parse_xid", "scan", "xids"]

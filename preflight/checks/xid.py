@@ -21,15 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from preflight.context import Context
-from preflight.kernlog import (
-    LogLine,
-    XidClass,
-    XidEvent,
-    gpu_key,
-    parse_journal,
-    parse_kmsg,
-    xids,
-)
+from preflight.kernlog import XidClass, XidEvent, gpu_key, scan
 from preflight.model import Result, Status
 from preflight.runner import activity
 
@@ -134,11 +126,10 @@ def judge(counts: Sequence[XidCount], *, span: str, source: str) -> Result:
                   details=details)
 
 
-def span_text(lines: Sequence[LogLine], *, since_s: float | None) -> str:
-    """Since when the verdict looks, in words."""
+def span_text(first: float | None, *, since_s: float | None) -> str:
+    """Since when the verdict looks, in words (``first``: the oldest record's time since boot)."""
     if since_s is not None:
         return f"in the last {since_s:g} s (xid_since_s)"
-    first = next((ln.uptime_s for ln in lines if ln.uptime_s is not None), None)
     if first is None or first <= _BOOT_COVERED_S:
         return "since boot"
     return (f"since {first / 3600:.1f} h after boot (older messages have left the kernel's "
@@ -159,8 +150,7 @@ def run(ctx: Context) -> Result:
                           "systemd unit set ProtectKernelLogs=no (docs/daemon.md#kernel-log); "
                           "in a container mount the host's /dev/kmsg or /var/log/journal under "
                           "--root.", details={"error": str(exc)})
-    lines = list(parse_kmsg(log.text) if log.form == "kmsg" else parse_journal(log.text))
-    events = xids(lines)
+    events, first_uptime = scan(log.text, log.form)
     now = uptime_s(ctx.root)
     since = ctx.config.xid_since_s
     if since is not None and now is not None:
@@ -176,4 +166,4 @@ def run(ctx: Context) -> Result:
     source = log.source + (" (truncated)" if log.truncated else "")
     if log.tried:
         source += f"; {'; '.join(log.tried)}"
-    return judge(count(events, gpu_of), span=span_text(lines, since_s=since), source=source)
+    return judge(count(events, gpu_of), span=span_text(first_uptime, since_s=since), source=source)

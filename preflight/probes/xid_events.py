@@ -145,12 +145,11 @@ def kernel_log_catch_up(root: Path, *, deadline_s: float = 5.0) -> CatchUp:
     """The Xids since boot from the kernel log under ``root``, labelled like NVML events."""
 
     def catch_up(bus: Mapping[str, str]) -> list[XidNotice]:
-        from preflight.kernlog import parse_journal, parse_kmsg, xids
+        from preflight.kernlog import scan
         from preflight.probes.kmsg import read_kernel_log
 
         kl = read_kernel_log(root, deadline_s=deadline_s)
-        lines = parse_kmsg(kl.text) if kl.form == "kmsg" else parse_journal(kl.text)
-        return [XidNotice(bus.get(x.bus_id, x.bus_id), x.code) for x in xids(lines)]
+        return [XidNotice(bus.get(x.bus_id, x.bus_id), x.code) for x in scan(kl.text, kl.form)[0]]
 
     return catch_up
 

@@ -75,6 +75,9 @@ print("counts:", w.counts(), "watching:", w.watching)
 t = time.monotonic(); w.stop(timeout_s=2.0); print(f"stopped in {time.monotonic() - t:.3f} s")
 PY
 
+sec "speed"
+run timeout 60 python3 benchmarks/xid_fabric_speed.py --samples 10
+
 sec "preflight serve for 12 s: /metrics"
 PORT=$((20000 + RANDOM % 20000))
 timeout -s TERM 14 "${P[@]}" serve --listen "127.0.0.1:$PORT" --interval 5 >>"$LOG" 2>&1 &

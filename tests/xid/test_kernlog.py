@@ -14,6 +14,7 @@ from preflight.kernlog import (
     parse_journal,
     parse_kmsg,
     parse_xid,
+    scan,
     xids,
 )
 
@@ -110,3 +111,21 @@ def test_arbitrary_text_never_raises(text: str) -> None:
     for line in [*parse_kmsg(text), *parse_journal(text)]:
         x = parse_xid(line)
         assert x is None or x.code >= 0
+
+
+record = st.one_of(
+    st.builds(lambda t, code: f"3,1,{t},-;NVRM: Xid (PCI:0000:3b:00): {code}, pid=1, x",
+              st.integers(0, 10**12), st.integers(0, 200)),
+    st.builds(lambda t, text: f"6,2,{t},-;{text}", st.integers(0, 10**12),
+              st.text(max_size=60).filter(lambda s: "\n" not in s and "\r" not in s)),
+    st.just(" SUBSYSTEM=pci"))
+
+
+@given(st.lists(record, max_size=40))
+def test_scan_finds_what_the_full_parse_finds(records: list[str]) -> None:
+    text = "\n".join(records)
+    full = list(parse_kmsg(text))
+    found, first = scan(text, "kmsg")
+    assert found == xids(full)
+    if full and full[0].uptime_s is not None and records[0][0] != " ":
+        assert first == full[0].uptime_s

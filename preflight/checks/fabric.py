@@ -17,7 +17,8 @@ sysfs-class-infiniband):
   ``ibv_modify_qp`` fails on an empty one) and its RoCE version matches
   ``NCCL_IB_ROCE_VERSION_NUM`` when that is set (NCCL docs, Environment Variables).
 
-No RDMA port at all is a SKIP, never a failure: most nodes train over TCP or have no IB.
+No RDMA port at all is a SKIP, never a failure: most nodes train over TCP or have no IB; so is
+``NCCL_IB_DISABLE=1`` (NCCL will not use the ports).
 Knobs: ``fabric_expected_rate_gbps`` (None), ``fabric_counter_interval_s`` (1.0 s).
 """
 
@@ -92,7 +93,6 @@ def judge(ports: Sequence[PortInfo], *, env: Mapping[str, str],
     f = _Findings()
     growth = growth or {}
     hca = env.get("NCCL_IB_HCA", "")
-    ib_disabled = env.get("NCCL_IB_DISABLE", "").strip() == "1"
     by_label = {p.label: p for p in ports}
     sel = select_ib([IbPort(p.device, p.port, p.state, p.link_layer, p.rate) for p in ports],
                     hca or None)
@@ -197,8 +197,7 @@ def judge(ports: Sequence[PortInfo], *, env: Mapping[str, str],
     summary = (f"{scope} {len(active)} active port(s) of {len(ports)} "
                f"({', '.join(p.label for p in active) or 'none'}; {', '.join(rates) or 'no rate'})"
                + (f"; counters steady over {interval_s:g} s" if interval_s > 0 and not growth
-                  else "") + (" [NCCL_IB_DISABLE=1: NCCL will not use them]"
-                              if ib_disabled else "") + ".")
+                  else "") + ".")
     return f.result(summary, details)
 
 
@@ -214,6 +213,13 @@ def run(ctx: Context) -> Result:
                       f"no InfiniBand / RoCE port under {path} (no RDMA driver or no HCA); NCCL "
                       "uses TCP sockets across nodes, nothing to check.",
                       details={"path": str(path)})
+    if ctx.env.get("NCCL_IB_DISABLE", "").strip() == "1":
+        return Result(NAME, Status.SKIP, "NcclIbDisabled",
+                      f"NCCL_IB_DISABLE=1: NCCL will not use the {len(ports)} RDMA port(s) "
+                      f"({', '.join(f'{p.label} {p.state}' for p in ports)}); not judged "
+                      "(nccl_env says whether that is wise).",
+                      details={"ports": [{"port": p.label, "state": p.state,
+                                          "phys_state": p.phys_state} for p in ports]})
     interval = ctx.config.fabric_counter_interval_s
     growth: dict[str, dict[str, int]] = {}
     if interval > 0:

@@ -182,3 +182,10 @@ def test_rate_parser_reads_every_kernel_rate(whole: int, half: bool, width: int,
     r = parse_rate(text)
     assert r is not None
     assert (r.gbps, r.width, r.speed) == (whole + (0.5 if half else 0), width, speed.strip())
+
+
+def test_nccl_ib_disable_skips_even_with_ports_down(make_ctx: MakeCtx, tmp_path: Path) -> None:
+    down = {f"mlx5_{i}": {"state": "DOWN", "phys": "Polling"} for i in range(4)}
+    r = fabric.run(make_ctx(root=four_rails(tmp_path, **down), env={"NCCL_IB_DISABLE": "1"}))
+    assert (r.status, r.reason) == (Status.SKIP, "NcclIbDisabled")
+    assert "mlx5_0:1 DOWN" in r.message

@@ -58,7 +58,8 @@ class DaemonStats:
     bandwidth_timestamp_s: float = 0.0
     interval_s: float = 60.0
     #: Xids per (gpu, code) the daemon's NVML event watcher counted (kernel log catch-up at
-    #: start included); None = no watcher, the xid check's kernel-log counts are shown instead.
+    #: start included); used while ``xid_watching``, per key the larger of it and the xid
+    #: check's kernel-log count. None = no watcher.
     xid_counts: Mapping[tuple[str, int], int] | None = None
     #: The watcher receives NVML Xid events now (False: NVML missing, no GPU supports them).
     xid_watching: bool = False
@@ -279,8 +280,12 @@ def xid_counts(result: Result | None) -> dict[tuple[str, int], int]:
 
 
 def _xid_metrics(result: Result | None, daemon: DaemonStats | None) -> Iterator[Metric]:
-    counts = (daemon.xid_counts if daemon is not None and daemon.xid_counts is not None
-              else xid_counts(result))
+    counts = xid_counts(result)
+    if daemon is not None and daemon.xid_watching and daemon.xid_counts is not None:
+        # Per key the larger: events the watcher saw since the last check run, and log lines
+        # it missed (logged before its catch-up read finished its registration).
+        for key, n in daemon.xid_counts.items():
+            counts[key] = max(n, counts.get(key, 0))
     family = CounterMetricFamily(
         "preflight_xid_errors",
         "NVIDIA Xid errors per GPU (NVML index, or PCI address when NVML does not see it) and "

@@ -27,12 +27,20 @@ def test_xid_counter_per_gpu_and_code(make_ctx: MakeCtx, tmp_path: Path) -> None
     assert "preflight_xid_events_watching" not in m  # one-shot: no watcher
 
 
-def test_daemon_counts_replace_the_logs(make_ctx: MakeCtx, tmp_path: Path) -> None:
-    root = kmsg_root(tmp_path, (10.0, FELL_OFF_GPU3))
+def test_daemon_counts_and_the_log_merge(make_ctx: MakeCtx, tmp_path: Path) -> None:
+    root = kmsg_root(tmp_path, (10.0, FELL_OFF_GPU3), (20.0, MMU_GPU0), (30.0, MMU_GPU0))
     report = Report(results=(xid.run(make_ctx(root=root)),))
-    m = scrape(report, DaemonStats(xid_counts={("3", 79): 4}, xid_watching=True))
-    assert m['preflight_xid_errors_total{gpu="3",xid="79"}'] == 4
+    watching = DaemonStats(xid_counts={("3", 79): 4, ("1", 48): 1}, xid_watching=True)
+    m = scrape(report, watching)
+    assert m['preflight_xid_errors_total{gpu="3",xid="79"}'] == 4  # events since the last run
+    assert m['preflight_xid_errors_total{gpu="1",xid="48"}'] == 1
+    assert m['preflight_xid_errors_total{gpu="0",xid="31"}'] == 2  # in the log, missed by NVML
     assert m["preflight_xid_events_watching"] == 1
+    # A watcher without NVML only caught up once at start: the check's fresh log counts rule.
+    stale = DaemonStats(xid_counts={("3", 79): 0}, xid_watching=False)
+    m = scrape(report, stale)
+    assert m['preflight_xid_errors_total{gpu="3",xid="79"}'] == 1
+    assert m["preflight_xid_events_watching"] == 0
 
 
 def test_ib_port_state_and_rates(make_ctx: MakeCtx, tmp_path: Path) -> None:

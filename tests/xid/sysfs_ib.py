@@ -20,8 +20,18 @@ def add_port(root: Path, device: str, port: int = 1, *, state: str = "ACTIVE",
              phys: str = "LinkUp", rate: str = "400 Gb/sec (4X NDR)",
              link_layer: str = "InfiniBand", counters: Mapping[str, int] | None = None,
              gids: Mapping[int, tuple[str, str]] | None = None) -> Path:
-    """One port of ``device`` under ``<root>/sys/class/infiniband``; returns its directory."""
-    dev = root / "sys" / "class" / "infiniband" / device
+    """One port of ``device`` under ``<root>/sys/class/infiniband``; returns its directory.
+
+    As in sysfs, ``class/infiniband/<device>`` is a symlink into the PCI device's directory
+    (``../../devices/pci0000:00/0000:00:01.0/0000:0c:00.0/infiniband/mlx5_0``)."""
+    link = root / "sys" / "class" / "infiniband" / device
+    if not link.exists():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        pci = f"0000:{0x0c + len(list(link.parent.iterdir())):02x}:00.0"
+        real = root / "sys/devices/pci0000:00/0000:00:01.0" / pci / "infiniband" / device
+        (real / "ports").mkdir(parents=True)
+        link.symlink_to(Path("..", "..", real.relative_to(root / "sys")))
+    dev = link
     (dev / "ports").mkdir(parents=True, exist_ok=True)
     (dev / "node_type").write_text("1: CA\n")
     (dev / "fw_ver").write_text("28.39.1002\n")

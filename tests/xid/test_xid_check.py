@@ -6,8 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from preflight.checks import xid
+from preflight.kernlog import XID_TABLE, XidClass, XidEvent
 from preflight.model import Status
 from tests import topologies
 from tests.conftest import MakeCtx
@@ -115,3 +118,16 @@ def test_cli_exit_codes_under_root(tmp_path: Path) -> None:
     job = kmsg_root(tmp_path / "job", (60.0, MMU_GPU0))
     rc, report = cli_json(["check", "--only", "xid", "--root", str(job)], fixture=fixture)
     assert rc == 0 and report["results"][0]["reason"] == "XidJobOnly"
+
+
+JOB_CODES = sorted(c for c, i in XID_TABLE.items() if i.cls is XidClass.JOB)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["0000:18:00", "0000:5d:00", "0000:99:00"]),
+                          st.sampled_from(JOB_CODES), st.floats(0, 1e7)), max_size=50))
+def test_job_caused_xids_never_fail_the_node(events: list[tuple[str, int, float]]) -> None:
+    evs = [XidEvent(bus, code, "detail", t) for bus, code, t in events]
+    r = xid.judge(xid.count(evs, {"0000:18:00": 0, "0000:5d:00": 3}), span="since boot",
+                  source="/dev/kmsg")
+    assert r.status is Status.PASS
+    assert r.reason == ("XidJobOnly" if events else "NoXid")

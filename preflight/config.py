@@ -71,6 +71,13 @@ class Config:
     multi_node: bool = False
     #: On non-master nodes, try a TCP connect to MASTER_ADDR:MASTER_PORT.
     probe_master: bool = False
+    #: xid: only Xids logged within this many seconds count; None = since boot (docs/checks.md).
+    xid_since_s: float | None = None
+    #: fabric: the rate every RDMA port must train at, Gb/s; None = the highest among the node's
+    #: ports of the same link layer.
+    fabric_expected_rate_gbps: float | None = None
+    #: fabric: seconds between the two reads of the error counters (growth = errors now).
+    fabric_counter_interval_s: float = 1.0
     #: Daemon: seconds between node-check runs.
     interval_s: float = 60.0
     #: Daemon: seconds between bandwidth tests (only when no job uses the GPUs).
@@ -158,6 +165,10 @@ def validate(config: Config, *, source: str) -> Config:
     need(config.bench_max_bytes >= config.bench_min_bytes, "bench_max_bytes", ">= bench_min_bytes")
     need(config.bench_timeout_s > 0, "bench_timeout_s", "> 0")
     need(config.interval_s > 0, "interval_s", "> 0")
+    need(config.xid_since_s is None or config.xid_since_s > 0, "xid_since_s", "> 0")
+    need(config.fabric_expected_rate_gbps is None or config.fabric_expected_rate_gbps > 0,
+         "fabric_expected_rate_gbps", "> 0")
+    need(0 <= config.fabric_counter_interval_s <= 5, "fabric_counter_interval_s", "0..5 seconds")
     need(config.bandwidth_interval_s > 0, "bandwidth_interval_s", "> 0")
     need(config.listen.rpartition(":")[2].isdigit(), "listen", "HOST:PORT")
     return config

@@ -44,6 +44,7 @@ from preflight.config import Config, ConfigError
 from preflight.model import Report, Result, Status
 from preflight.outputs.prom import ALLREDUCE_CHECK, DaemonStats, MetricsSnapshot, render
 from preflight.probes.gpu import GpuSnapshot
+from preflight.probes.xid_events import XidWatcher
 
 log = logging.getLogger(__name__)
 
@@ -321,6 +322,8 @@ class Daemon:
         grace_s: how much longer than its checks' deadline a run may take (child start-up).
         env: where systemd's variables are read from.
         clock: monotonic seconds (tests).
+        xid_watcher: counts NVML Xid events on its own thread (started and stopped with the
+            daemon; never waited on); None = Xids only from each check run's kernel log.
     """
 
     def __init__(self, config: Config, *, load_config: Callable[[], Config] | None = None,
@@ -328,7 +331,9 @@ class Daemon:
                  known_checks: Sequence[str] | None = None, bandwidth: bool | None = None,
                  root: str = "/", env: Mapping[str, str] | None = None,
                  grace_s: float = CHILD_GRACE_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 xid_watcher: XidWatcher | None = None) -> None:
+        self._xid = xid_watcher
         if known_checks is None:
             from preflight.checks import CHECKS
 
@@ -354,7 +359,7 @@ class Daemon:
         self._errors: dict[str, int] = {}
         self._reload_ok = True
         self._generation = 0
-        self._rendered: tuple[int, bytes] = (-1, b"")
+        self._rendered: tuple[tuple[int, int], bytes] = ((-1, -1), b"")
         self._tick = clock()
         self._busy_until: float | None = None
         self._threads: list[threading.Thread] = []
@@ -388,20 +393,23 @@ class Daemon:
                                 check_errors_total=dict(self._errors),
                                 config_reload_success=self._reload_ok,
                                 bandwidth_timestamp_s=self._bandwidth_at,
-                                interval_s=self.config.interval_s)
+                                interval_s=self.config.interval_s,
+                                xid_counts=self._xid.counts() if self._xid else None,
+                                xid_watching=self._xid.watching if self._xid else False)
         return MetricsSnapshot(report=self.report(), known_checks=self.known_checks,
                                daemon=stats)
 
     def metrics(self) -> bytes:
         """The exposition text, rendered once per state change (a scrape is a dict lookup)."""
         with self._lock:
-            generation = self._generation
+            # Xid events change the text between runs: the watcher's own version is in the key.
+            generation = (self._generation, self._xid.version if self._xid else 0)
             cached_generation, text = self._rendered
         if cached_generation == generation:
             return text
         text = render(self.snapshot())
         with self._lock:
-            if self._generation == generation:
+            if self._generation == generation[0]:
                 self._rendered = (generation, text)
         return text
 
@@ -551,6 +559,8 @@ class Daemon:
                                                   name="watchdog", daemon=True))
         for t in self._threads:
             t.start()
+        if self._xid is not None:
+            self._xid.start()
         sd_notify(f"READY=1\nSTATUS=serving on {shown}:{bound_port}\nMAINPID={os.getpid()}",
                   self._env)
 
@@ -560,6 +570,8 @@ class Daemon:
         self._stop.set()
         self._wake.set()
         self._runner.kill()
+        if self._xid is not None:
+            self._xid.stop(timeout_s=0.5)
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from preflight.checks import (
     allreduce,
     cuda_devices,
+    fabric,
     gpu_visible,
     launcher_env,
     master_port,
@@ -12,15 +13,18 @@ from preflight.checks import (
     network,
     shm,
     versions,
+    xid,
 )
 from preflight.runner import Check
 
 CHECKS: tuple[Check, ...] = (
     Check(gpu_visible.NAME, gpu_visible.run, "NVML sees the expected GPUs, each healthy"),
+    Check(xid.NAME, xid.run, "no GPU-fault Xid in the kernel log; job-caused Xids reported"),
     Check(cuda_devices.NAME, cuda_devices.run, "CUDA_VISIBLE_DEVICES read as CUDA does; ranks fit"),
     Check(launcher_env.NAME, launcher_env.run, "torchrun / Slurm variables complete, consistent"),
     Check(shm.NAME, shm.run, "/dev/shm exists, is writable, big enough for NCCL"),
     Check(network.NAME, network.run, "NCCL/gloo NIC selection as NCCL does it; route to rank 0"),
+    Check(fabric.NAME, fabric.run, "InfiniBand / RoCE ports up, at full rate, error-free"),
     Check(master_port.NAME, master_port.run, "MASTER_ADDR resolves; MASTER_PORT free on rank 0"),
     Check(nccl_env.NAME, nccl_env.run, "no NCCL_* / TORCH_NCCL_* setting that silently hurts"),
     Check(versions.NAME, versions.run, "environment fingerprint; equal to the golden one if given"),

@@ -41,6 +41,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     from preflight.daemon import Daemon, DaemonError
+    from preflight.probes.xid_events import node_watcher
 
     overrides = {"listen": args.listen, "interval_s": args.interval_s,
                  "bandwidth_interval_s": args.bandwidth_interval_s}
@@ -49,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
         # Same precedence at start and on SIGHUP: defaults < file < PREFLIGHT_* < command line.
         return load(path=args.config, env=os.environ, overrides=overrides)
 
-    daemon = Daemon(load_config(), load_config=load_config, root=args.root)
+    daemon = Daemon(load_config(), load_config=load_config, root=args.root,
+                    xid_watcher=node_watcher(args.root))
     try:
         daemon.serve_forever()
     except DaemonError as exc:

@@ -57,6 +57,12 @@ class DaemonStats:
     config_reload_success: bool = True
     bandwidth_timestamp_s: float = 0.0
     interval_s: float = 60.0
+    #: Xids per (gpu, code) the daemon's NVML event watcher counted (kernel log catch-up at
+    #: start included); used while ``xid_watching``, per key the larger of it and the xid
+    #: check's kernel-log count. None = no watcher.
+    xid_counts: Mapping[tuple[str, int], int] | None = None
+    #: The watcher receives NVML Xid events now (False: NVML missing, no GPU supports them).
+    xid_watching: bool = False
 
 
 @dataclass(frozen=True)
@@ -236,6 +242,9 @@ class ReportCollector(Collector):
         yield GaugeMetricFamily("preflight_gpu_expected", "GPUs this node must show (expect_gpus); "
                                 "NaN when not configured or unknown.", value=expected)
 
+        yield from _xid_metrics(results.get("xid"), snap.daemon)
+        yield from _fabric_metrics(results.get("fabric"))
+
         fingerprint = fingerprint_of(report)
         packages = InfoMetricFamily(
             "preflight_package",
@@ -255,6 +264,71 @@ class ReportCollector(Collector):
 
         if snap.daemon is not None:
             yield from _daemon_metrics(snap.daemon, checks)
+
+
+def xid_counts(result: Result | None) -> dict[tuple[str, int], int]:
+    """``{(gpu, code): count}`` from the ``xid`` check's ``details["xids"]``."""
+    found: dict[tuple[str, int], int] = {}
+    entries = result.details.get("xids") if result is not None else None
+    for entry in entries if isinstance(entries, list) else ():
+        if not isinstance(entry, Mapping):
+            continue
+        gpu, code, n = entry.get("gpu"), _number(entry.get("xid")), _number(entry.get("count"))
+        if isinstance(gpu, str) and code is not None and n is not None:
+            found[(gpu, int(code))] = found.get((gpu, int(code)), 0) + int(n)
+    return found
+
+
+def _xid_metrics(result: Result | None, daemon: DaemonStats | None) -> Iterator[Metric]:
+    counts = xid_counts(result)
+    if daemon is not None and daemon.xid_watching and daemon.xid_counts is not None:
+        # Per key the larger: events the watcher saw since the last check run, and log lines
+        # it missed (logged before its catch-up read finished its registration).
+        for key, n in daemon.xid_counts.items():
+            counts[key] = max(n, counts.get(key, 0))
+    family = CounterMetricFamily(
+        "preflight_xid_errors",
+        "NVIDIA Xid errors per GPU (NVML index, or PCI address when NVML does not see it) and "
+        "Xid code: the kernel log since boot (preflight check), plus NVML Xid events since the "
+        "daemon started (preflight serve). Codes and classes: docs/checks.md#xid.",
+        labels=["gpu", "xid"])
+    for (gpu, code), n in sorted(counts.items()):
+        family.add_metric([gpu, str(code)], n)
+    yield family
+    if daemon is not None:
+        yield GaugeMetricFamily(
+            "preflight_xid_events_watching",
+            "1 when the daemon receives NVML Xid events as they happen; 0 when it cannot (NVML "
+            "missing, no GPU supports them): Xids then show only at each check run.",
+            value=1.0 if daemon.xid_watching else 0.0)
+
+
+def _fabric_metrics(result: Result | None) -> Iterator[Metric]:
+    ports = result.details.get("ports") if result is not None else None
+    active = GaugeMetricFamily(
+        "preflight_ib_port_active",
+        "1 when the InfiniBand / RoCE port is ACTIVE with physical state LinkUp, else 0.",
+        labels=["device", "port", "link_layer"])
+    rate = GaugeMetricFamily(
+        "preflight_ib_port_rate_bytes_per_second",
+        "Rate the port trained at (sysfs rate, Gb/s / 8); NaN when unreadable.",
+        labels=["device", "port"])
+    expected = GaugeMetricFamily(
+        "preflight_ib_port_expected_rate_bytes_per_second",
+        "Rate the port should train at: fabric_expected_rate_gbps, else the best active port of "
+        "the node with the same link layer; NaN when unknown.", labels=["device", "port"])
+    for entry in ports if isinstance(ports, list) else ():
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("port"), str):
+            continue
+        device, _, num = str(entry["port"]).rpartition(":")
+        up = entry.get("state") == "ACTIVE" and entry.get("phys_state") == "LinkUp"
+        active.add_metric([device, num, str(entry.get("link_layer", ""))], 1.0 if up else 0.0)
+        for family, key in ((rate, "rate_gbps"), (expected, "expected_rate_gbps")):
+            gbps = _number(entry.get(key))
+            family.add_metric([device, num], gbps * 1e9 / 8 if gbps is not None else NAN)
+    yield active
+    yield rate
+    yield expected
 
 
 def _daemon_metrics(stats: DaemonStats, checks: Sequence[str]) -> Iterator[Metric]:

@@ -33,6 +33,11 @@ def exported_names() -> set[str]:
     report = Report(results=(
         Result("shm", Status.PASS, "ShmOk", "ok"),
         Result("allreduce", Status.PASS, "BusbwOk", "ok", details={"busbw_gbps": 1.0}),
+        Result("xid", Status.PASS, "NoXid", "ok", details={"xids": [
+            {"gpu": "0", "xid": 13, "count": 1}]}),
+        Result("fabric", Status.PASS, "FabricOk", "ok", details={"ports": [
+            {"port": "mlx5_0:1", "state": "ACTIVE", "phys_state": "LinkUp", "rate_gbps": 400.0,
+             "expected_rate_gbps": 400.0, "link_layer": "InfiniBand"}]}),
     ), fingerprint={"sha256": "ab" * 32, "packages": {"torch": "2.13.0"}})
     text = render(MetricsSnapshot(report, ("shm",), DaemonStats())).decode()
     return {re.split(r"[{ ]", line)[0] for line in text.splitlines()

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -13,6 +14,32 @@ from preflight.config import Config
 from preflight.probes.gpu import FixtureFileGpuProbe, GpuProbe, GpuSnapshot
 
 T = TypeVar("T")
+
+_activity: dict[int, str] = {}
+_activity_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def activity(what: str) -> Iterator[None]:
+    """Say what the current check is waiting on, so a deadline can name it ("NVML query")."""
+    ident = threading.get_ident()
+    with _activity_lock:
+        previous = _activity.get(ident)
+        _activity[ident] = what
+    try:
+        yield
+    finally:
+        with _activity_lock:
+            if previous is None:
+                _activity.pop(ident, None)
+            else:
+                _activity[ident] = previous
+
+
+def waiting_on(thread_ident: int) -> str | None:
+    """What the check running on thread ``thread_ident`` said it waits on (:func:`activity`)."""
+    with _activity_lock:
+        return _activity.get(thread_ident)
 
 
 @dataclass

@@ -35,9 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from preflight import __version__
-from preflight.context import Context
+from preflight.context import Context, activity
 from preflight.probes import pyenv
-from preflight.runner import activity
 from preflight.units import fmt_bytes
 
 FINGERPRINT_VERSION = 1

@@ -20,6 +20,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from preflight.model import Finding, Scope, Status
+
 #: Variables torchrun sets for every worker (torch/distributed/elastic/agent/server/api.py).
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                  "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -47,20 +49,9 @@ class Launcher(enum.Enum):
     SLURM = "slurm"
 
 
-class Severity(enum.IntEnum):
-    WARN = 1
-    FAIL = 2
-
-
-@dataclass(frozen=True)
-class Issue:
-    """One problem: ``reason`` is a stable CamelCase token; ``message`` has actual vs expected."""
-
-    severity: Severity
-    reason: str
-    message: str
-    remedy: str
-    variables: tuple[str, ...] = ()
+def _job(status: Status, reason: str, message: str, remedy: str) -> Finding:
+    """A finding about the launcher's variables: always the job's own setting, never the node."""
+    return Finding(status, reason, message, remedy, Scope.JOB)
 
 
 @dataclass(frozen=True)
@@ -76,16 +67,12 @@ class LauncherEnv:
 
     launchers: tuple[Launcher, ...]
     ints: Mapping[str, int] = field(default_factory=dict)
-    issues: tuple[Issue, ...] = ()
+    issues: tuple[Finding, ...] = ()
     slurm_context: str | None = None
 
     @property
     def in_prolog(self) -> bool:
         return bool(self.slurm_context) and str(self.slurm_context).startswith("prolog")
-
-    @property
-    def worst(self) -> Severity | None:
-        return max((i.severity for i in self.issues), default=None)
 
 
 def read_int(raw: str | None) -> int | None:
@@ -117,7 +104,7 @@ def analyse(env: Mapping[str, str]) -> LauncherEnv:
     context = env.get("SLURM_SCRIPT_CONTEXT")
     if not launchers:
         return LauncherEnv((), slurm_context=context)
-    issues: list[Issue] = []
+    issues: list[Finding] = []
     ints: dict[str, int] = {}
     torch_launcher = Launcher.TORCHRUN in launchers or Launcher.ENV in launchers
 
@@ -133,11 +120,10 @@ def analyse(env: Mapping[str, str]) -> LauncherEnv:
             continue  # an empty required one is reported as missing: torch treats it as unset
         value = read_int(raw)
         if value is None:
-            issues.append(Issue(
-                Severity.FAIL, "LauncherVarNotInteger",
+            issues.append(_job(
+                Status.FAIL, "LauncherVarNotInteger",
                 f"{name}={raw!r} is not an integer; torch does int(os.environ[{name!r}]) and "
-                "raises ValueError", f"export {name}=<integer> (or let torchrun / srun set it)",
-                (name,)))
+                "raises ValueError", f"export {name}=<integer> (or let torchrun / srun set it)"))
         else:
             ints[name] = value
 
@@ -147,74 +133,63 @@ def analyse(env: Mapping[str, str]) -> LauncherEnv:
             who = ("torchrun's worker environment" if Launcher.TORCHRUN in launchers
                    else "env:// rendezvous")
             present = [n for n in RANK_MARKERS if n in env]
-            issues.append(Issue(
-                Severity.FAIL, "LauncherVarMissing",
+            issues.append(_job(
+                Status.FAIL, "LauncherVarMissing",
                 f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} unset or empty but "
                 f"{who} needs {'it' if len(missing) == 1 else 'them'} (found "
                 f"{', '.join(present) or 'none of RANK/WORLD_SIZE'}); "
                 f"init_process_group(\"env://\") fails: \"environment variable {missing[0]} "
-                "expected, but not set\" (the "
-                f"article's \"Invalid environment variable: {missing[0]}\")",
-                REMEDY_LAUNCH, tuple(missing)))
-        issues += _torch_consistency(ints, env)
+                "expected, but not set\" (or \"Invalid environment variable: "
+                f"{missing[0]}\")",
+                REMEDY_LAUNCH))
+        issues += _torch_consistency(ints)
     if Launcher.SLURM in launchers:
         issues += _slurm_consistency(ints, env, in_prolog=bool(context and
                                                                context.startswith("prolog")))
-    issues.sort(key=lambda i: -i.severity)
+    issues.sort(key=lambda i: -i.status)
     return LauncherEnv(launchers, ints, tuple(issues), context)
 
 
-def _range(ints: Mapping[str, int], low: int, name: str, high_name: str) -> Issue | None:
-    """``low <= ints[name] < ints[high_name]`` or an Issue (when both are known)."""
+def _range(ints: Mapping[str, int], low: int, name: str, high_name: str) -> Finding | None:
+    """``low <= ints[name] < ints[high_name]`` or a Finding (when both are known)."""
     value, high = ints.get(name), ints.get(high_name)
     if value is None:
         return None
     if value < low or (high is not None and value >= high):
         bound = f"0 <= {name} < {high_name}={high}" if high is not None else f"{name} >= {low}"
-        return Issue(Severity.FAIL, "LauncherVarOutOfRange",
+        return _job(Status.FAIL, "LauncherVarOutOfRange",
                      f"{name}={value} violates {bound}",
                      f"Do not set {name} by hand; let torchrun / srun set it (stale variables "
-                     "from an outer job or a notebook are a common cause).", (name, high_name))
+                     "from an outer job or a notebook are a common cause).")
     return None
 
 
-def _torch_consistency(ints: Mapping[str, int], env: Mapping[str, str]) -> list[Issue]:
-    issues: list[Issue] = []
+def _torch_consistency(ints: Mapping[str, int]) -> list[Finding]:
+    issues: list[Finding] = []
     for name, low in (("WORLD_SIZE", 1), ("LOCAL_WORLD_SIZE", 1), ("GROUP_WORLD_SIZE", 1),
                       ("ROLE_WORLD_SIZE", 1)):
         found = _range(ints, low, name, "")
         if found:
             issues.append(found)
     for name, high in (("RANK", "WORLD_SIZE"), ("LOCAL_RANK", "LOCAL_WORLD_SIZE"),
-                       ("GROUP_RANK", "GROUP_WORLD_SIZE"), ("ROLE_RANK", "ROLE_WORLD_SIZE")):
+                       ("GROUP_RANK", "GROUP_WORLD_SIZE")):
         found = _range(ints, 0, name, high)
         if found:
             issues.append(found)
-    port = ints.get("MASTER_PORT")
-    if port is not None and not 1 <= port <= 65535:
-        issues.append(Issue(Severity.FAIL, "MasterPortInvalid",
-                            f"MASTER_PORT={port} is outside 1..65535",
-                            "export MASTER_PORT=29500 (torchrun's default) or another free port "
-                            "in 1024..65535", ("MASTER_PORT",)))
-    if "MASTER_ADDR" in env and env["MASTER_ADDR"] != env["MASTER_ADDR"].strip():
-        issues.append(Issue(Severity.WARN, "MasterAddrBlanks",
-                            f"MASTER_ADDR={env['MASTER_ADDR']!r} has blanks around the host name",
-                            f"export MASTER_ADDR={env['MASTER_ADDR'].strip()}", ("MASTER_ADDR",)))
     ws, lws = ints.get("WORLD_SIZE"), ints.get("LOCAL_WORLD_SIZE")
     if ws is not None and lws is not None and ws >= 1 and lws >= 1:
         if lws > ws:
-            issues.append(Issue(
-                Severity.FAIL, "LauncherVarOutOfRange",
+            issues.append(_job(
+                Status.FAIL, "LauncherVarOutOfRange",
                 f"LOCAL_WORLD_SIZE={lws} is larger than WORLD_SIZE={ws}: more processes on this "
                 "node than in the whole job",
-                "Let torchrun set both (--nnodes, --nproc-per-node); do not export them by hand.",
-                ("LOCAL_WORLD_SIZE", "WORLD_SIZE")))
+                "Let torchrun set both (--nnodes, --nproc-per-node); do not export them by hand."))
         else:
             issues += _homogeneity(ints, ws, lws)
     return issues
 
 
-def _homogeneity(ints: Mapping[str, int], ws: int, lws: int) -> list[Issue]:
+def _homogeneity(ints: Mapping[str, int], ws: int, lws: int) -> list[Finding]:
     """torchrun with the same --nproc-per-node on every node: WORLD_SIZE = nodes x local, and
     RANK = GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK. Different --nproc-per-node per node is legal
     but rare, so a mismatch is a warning, not a failure."""
@@ -223,48 +198,45 @@ def _homogeneity(ints: Mapping[str, int], ws: int, lws: int) -> list[Issue]:
               "if that is intended, ignore this warning.")
     if nodes is not None and nodes >= 1:
         if nodes * lws != ws:
-            return [Issue(Severity.WARN, "WorldSizeMismatch",
+            return [_job(Status.WARN, "WorldSizeMismatch",
                           f"WORLD_SIZE={ws} but GROUP_WORLD_SIZE={nodes} x LOCAL_WORLD_SIZE={lws} "
-                          f"= {nodes * lws}: nodes run different numbers of processes", remedy,
-                          ("WORLD_SIZE", "GROUP_WORLD_SIZE", "LOCAL_WORLD_SIZE"))]
+                          f"= {nodes * lws}: nodes run different numbers of processes", remedy)]
     elif ws % lws:
-        return [Issue(Severity.WARN, "WorldSizeMismatch",
+        return [_job(Status.WARN, "WorldSizeMismatch",
                       f"WORLD_SIZE={ws} is not a multiple of LOCAL_WORLD_SIZE={lws}: nodes run "
-                      "different numbers of processes", remedy,
-                      ("WORLD_SIZE", "LOCAL_WORLD_SIZE"))]
+                      "different numbers of processes", remedy)]
     rank, local, group = ints.get("RANK"), ints.get("LOCAL_RANK"), ints.get("GROUP_RANK")
     if None not in (rank, local, group) and ws % lws == 0:
         assert rank is not None and local is not None and group is not None
         want = group * lws + local
         if 0 <= local < lws and rank != want:
-            return [Issue(Severity.WARN, "RankInconsistent",
+            return [_job(Status.WARN, "RankInconsistent",
                           f"RANK={rank} but GROUP_RANK={group} x LOCAL_WORLD_SIZE={lws} + "
                           f"LOCAL_RANK={local} = {want}: the variables do not come from one "
                           "torchrun", "Do not export RANK/LOCAL_RANK/GROUP_RANK by hand; let "
-                          "torchrun set them.", ("RANK", "GROUP_RANK", "LOCAL_RANK"))]
+                          "torchrun set them.")]
     return []
 
 
 def _slurm_consistency(ints: Mapping[str, int], env: Mapping[str, str], *,
-                       in_prolog: bool) -> list[Issue]:
-    issues: list[Issue] = []
+                       in_prolog: bool) -> list[Finding]:
+    issues: list[Finding] = []
     if "SLURM_JOB_ID" not in env and "SLURM_JOBID" not in env:
-        issues.append(Issue(Severity.FAIL, "LauncherVarMissing",
+        issues.append(_job(Status.FAIL, "LauncherVarMissing",
                             "SLURM_PROCID/SLURM_STEP_ID are set but SLURM_JOB_ID is not: this is "
                             "not a complete Slurm job environment",
                             "Run inside an allocation (sbatch/salloc + srun); do not copy SLURM_* "
-                            "variables into other shells or containers.", ("SLURM_JOB_ID",)))
+                            "variables into other shells or containers."))
     if in_prolog:
         return issues
     if "SLURM_STEP_ID" in env:
         missing = [n for n in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS") if n not in env]
         if missing:
-            issues.append(Issue(Severity.FAIL, "LauncherVarMissing",
+            issues.append(_job(Status.FAIL, "LauncherVarMissing",
                                 f"in a Slurm step (SLURM_STEP_ID={env['SLURM_STEP_ID']!r}) "
                                 f"{', '.join(missing)} should be set by srun but "
                                 f"{'is' if len(missing) == 1 else 'are'} not",
-                                "Launch the tasks with srun inside the allocation.",
-                                tuple(missing)))
+                                "Launch the tasks with srun inside the allocation."))
     nodes = ints.get("SLURM_NNODES", ints.get("SLURM_JOB_NUM_NODES"))
     checks = (("SLURM_PROCID", ints.get("SLURM_NTASKS"), "SLURM_NTASKS"),
               ("SLURM_NODEID", nodes, "SLURM_NNODES"),
@@ -275,12 +247,11 @@ def _slurm_consistency(ints: Mapping[str, int], env: Mapping[str, str], *,
             continue
         if value < 0 or (high is not None and value >= high):
             bound = f"< {high_name}={high}" if high is not None else ">= 0"
-            issues.append(Issue(Severity.FAIL, "LauncherVarOutOfRange",
+            issues.append(_job(Status.FAIL, "LauncherVarOutOfRange",
                                 f"{name}={value} violates 0 <= {name} {bound}",
-                                "Do not set SLURM_* variables by hand; they come from srun.",
-                                (name, high_name)))
+                                "Do not set SLURM_* variables by hand; they come from srun."))
     return issues
 
 
-__all__ = ["ENV_RENDEZVOUS_VARS", "TORCHRUN_VARS", "Issue", "Launcher", "LauncherEnv",
-           "Severity", "analyse", "detect", "read_int"]
+__all__ = ["ENV_RENDEZVOUS_VARS", "TORCHRUN_VARS", "Launcher", "LauncherEnv", "analyse",
+           "detect", "read_int"]

@@ -1,7 +1,9 @@
-"""The result model shared by every mode: Status, Result, Report.
+"""The result model shared by every mode: Status, Scope, Finding, Result, Report.
 
-ERROR means "could not tell" (a probe broke, a deadline passed); FAIL means "this node is bad".
-Checks return FAIL; only the runner turns exceptions and timeouts into ERROR.
+ERROR means "could not tell" (a probe broke, a deadline passed); FAIL means "this is wrong". Checks
+return FAIL; only the runner turns exceptions and timeouts into ERROR. Every result carries whose
+fault it is (:class:`Scope`): the node's, the job's own setting, or undecided. A Slurm prolog drains
+a node only for node faults.
 """
 
 from __future__ import annotations
@@ -37,6 +39,64 @@ class Status(enum.IntEnum):
             raise ValueError(f"unknown status {text!r}") from None
 
 
+class Scope(enum.Enum):
+    """Whose fault a verdict is: the node's (drain it), the job's own setting (tell the job, never
+    drain), or undecided (preflight could not tell: a crash or a deadline)."""
+
+    NODE = "node"
+    JOB = "job"
+    UNDECIDED = "undecided"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing a check found: the unit every check folds into its Result (:func:`fold`).
+
+    Attributes:
+        status: how bad it is (FAIL, WARN; PASS/SKIP findings are not needed).
+        reason: stable CamelCase token (docs/checks.md lists each with its scope).
+        message: actual vs expected, with units.
+        remedy: a command or step a person can paste; empty when nothing is to be done.
+        scope: whose fault it is (default: the node's).
+    """
+
+    status: Status
+    reason: str
+    message: str
+    remedy: str = ""
+    scope: Scope = Scope.NODE
+
+
+#: Between the remedies of several findings of one result.
+REMEDY_SEPARATOR = "; "
+
+
+def fold(check: str, findings: Iterable[Finding], *, ok_reason: str, summary: str,
+         details: Mapping[str, Any] | None = None,
+         summary_up_to: Status = Status.WARN) -> Result:
+    """The Result of a check from its findings; the one way every check combines them.
+
+    No finding: PASS with ``ok_reason`` and ``summary``. Otherwise the worst status wins and its
+    first finding gives the reason; the message lists every finding, worst first, then (when the
+    verdict is no worse than ``summary_up_to``) the summary; remedies follow in the same order,
+    each once, joined by ``"; "``; ``details["reasons"]`` lists every reason in that order. The
+    scope is the node's when any finding of the worst status is a node fault, else the job's.
+    """
+    items = sorted(findings, key=lambda f: -f.status)  # stable: equal statuses keep their order
+    base = dict(details or {})
+    if not items:
+        return Result(check, Status.PASS, ok_reason, summary, details=base)
+    top = items[0]
+    worst_items = [f for f in items if f.status is top.status]
+    scope = Scope.NODE if any(f.scope is Scope.NODE for f in worst_items) else top.scope
+    message = "; ".join(f.message.rstrip(".") for f in items)
+    if top.status <= summary_up_to and summary:
+        message += f". {summary}"
+    remedy = REMEDY_SEPARATOR.join(dict.fromkeys(f.remedy for f in items if f.remedy))
+    return Result(check, top.status, top.reason, message, remedy,
+                  details={**base, "reasons": [f.reason for f in items]}, scope=scope)
+
+
 @dataclass(frozen=True)
 class Result:
     """The verdict of one check.
@@ -49,6 +109,7 @@ class Result:
         remedy: what an on-call engineer should do; empty when nothing is to be done.
         details: small flat JSON-able dict.
         duration_s: time the check took, filled by the runner.
+        scope: whose fault a WARN / FAIL is (node, job) or ERROR's UNDECIDED; NODE for a PASS.
     """
 
     check: str
@@ -58,11 +119,13 @@ class Result:
     remedy: str = ""
     details: Mapping[str, Any] = field(default_factory=dict)
     duration_s: float = 0.0
+    scope: Scope = Scope.NODE
 
     def to_json(self) -> dict[str, Any]:
         return {
             "check": self.check,
             "status": self.status.word,
+            "scope": self.scope.value,
             "reason": self.reason,
             "message": self.message,
             "remedy": self.remedy,
@@ -80,12 +143,20 @@ class Result:
             remedy=str(data.get("remedy", "")),
             details=dict(data.get("details") or {}),
             duration_s=float(data.get("duration_s", 0.0)),
+            scope=Scope(str(data.get("scope", Scope.NODE.value))),
         )
 
 
 def worst(statuses: Iterable[Status]) -> Status:
     """The worst status of several; PASS for none."""
     return max(statuses, default=Status.PASS)
+
+
+def verdict(statuses: Iterable[Status]) -> Status:
+    """The verdict over several checks: the worst of those that applied (a SKIP did not), so a node
+    whose every applicable check passed is PASS; SKIP only when nothing applied."""
+    applied = [s for s in statuses if s is not Status.SKIP]
+    return worst(applied) if applied else Status.SKIP
 
 
 @dataclass(frozen=True)
@@ -102,7 +173,16 @@ class Report:
 
     @property
     def status(self) -> Status:
-        return worst(r.status for r in self.results)
+        """The verdict of the run (:func:`verdict`): what the table footer, the JSON and
+        ``check``'s exit code say."""
+        return verdict(r.status for r in self.results)
+
+    @property
+    def node_status(self) -> Status:
+        """The verdict counting only what the node is to blame for: a job's own setting (scope
+        JOB) counts as PASS. What the prolog drains on and ``preflight_node_healthy`` shows."""
+        return verdict(Status.PASS if r.scope is Scope.JOB and r.status is not Status.SKIP
+                       else r.status for r in self.results)
 
     def result(self, check: str) -> Result | None:
         for r in self.results:

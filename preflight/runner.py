@@ -7,52 +7,20 @@ one-shot process alive; the daemon runs checks in a child process it can kill.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from preflight import __version__
-from preflight.context import Context
-from preflight.model import Report, Result, Status
+from preflight.checks.base import Check
+from preflight.context import Context, waiting_on
+from preflight.model import Report, Result, Scope, Status
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Check:
-    """One check: its name (module name, metric label), its function, and its own deadline if it
-    needs longer than ``Config.check_timeout_s`` (the bandwidth test)."""
-
-    name: str
-    run: Callable[[Context], Result]
-    summary: str
-    timeout_s: Callable[[Context], float] | None = None
-
-
-_activity: dict[int, str] = {}
-_activity_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def activity(what: str) -> Iterator[None]:
-    """Say what the current check is waiting on, so a deadline can name it ("NVML query")."""
-    ident = threading.get_ident()
-    with _activity_lock:
-        previous = _activity.get(ident)
-        _activity[ident] = what
-    try:
-        yield
-    finally:
-        with _activity_lock:
-            if previous is None:
-                _activity.pop(ident, None)
-            else:
-                _activity[ident] = previous
 
 
 class SelectionError(ValueError):
@@ -85,7 +53,7 @@ def run_checks(ctx: Context, checks: Sequence[Check], *, mode: str = "check") ->
             result = Result(check.name, Status.ERROR, "CheckCrashed",
                             f"{check.name} could not decide: {type(exc).__name__}: {exc}",
                             "This is a bug or an unexpected node state; rerun with "
-                            "--log-level debug and report the traceback.")
+                            "--log-level debug and report the traceback.", scope=Scope.UNDECIDED)
         slots[check.name] = replace(result, check=check.name, duration_s=time.monotonic() - t0)
 
     threads = []
@@ -101,8 +69,7 @@ def run_checks(ctx: Context, checks: Sequence[Check], *, mode: str = "check") ->
         if check.name in slots:
             results.append(slots[check.name])
             continue
-        with _activity_lock:
-            waiting = _activity.get(idents.get(check.name, -1))
+        waiting = waiting_on(idents.get(check.name, -1))
         on = f" (still waiting on: {waiting})" if waiting else ""
         results.append(Result(
             check.name, Status.ERROR, "CheckTimeout",
@@ -110,7 +77,7 @@ def run_checks(ctx: Context, checks: Sequence[Check], *, mode: str = "check") ->
             "Something on this node does not answer; look at the named call (a hung GPU or "
             "driver shows in dmesg as Xid errors), or raise check_timeout_s.",
             details={"timeout_s": timeout, "waiting_on": waiting},
-            duration_s=time.monotonic() - started))
+            duration_s=time.monotonic() - started, scope=Scope.UNDECIDED))
     return _lift(results, mode=mode)
 
 

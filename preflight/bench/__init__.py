@@ -8,6 +8,7 @@ runs it through :mod:`preflight.bench.parent` (which never imports torch) and ju
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from preflight import cvd
 from preflight.bench import method
+from preflight.bench.gate import blocker
 from preflight.bench.parent import BenchOptions, run_workers
 from preflight.bench.verdict import BenchResult, judge
 from preflight.context import Context
@@ -101,10 +103,10 @@ def plan(ctx: Context, *, backend: str | None = None, nproc: int | None = None,
             notes.append(f"largest size lowered from {fmt_bytes(hi)} to {fmt_bytes(cap)}: GPU "
                          f"memory allows 1/{method.MEMORY_SHARE} of the smallest GPU's memory")
             hi = cap
-        busy = [f"GPU {g.index} (pids {', '.join(map(str, g.compute_pids))})" for g in used
-                if g.compute_pids]
-        if busy:
-            notes.append("GPUs in use, the figures compete with: " + "; ".join(busy))
+        # A person asked for this run: it goes ahead, and says what the figures compete with.
+        stop = blocker(dataclasses.replace(ctx.gpus(), gpus=used))
+        if stop is not None and stop.reason == "GpusBusy":
+            notes.append(f"the figures compete with other work: {stop.why}")
     try:
         sizes = tuple(method.sweep(lo, hi))
     except ValueError as exc:

@@ -13,7 +13,7 @@ from preflight.checks import (
     shm,
     versions,
 )
-from preflight.runner import Check
+from preflight.checks.base import Check
 
 CHECKS: tuple[Check, ...] = (
     Check(gpu_visible.NAME, gpu_visible.run, "NVML sees the expected GPUs, each healthy"),

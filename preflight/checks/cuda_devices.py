@@ -26,15 +26,13 @@ indices, ecosystem.md section 1).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from preflight import cvd
 from preflight.checks.common import env_int
-from preflight.context import Context
-from preflight.model import Result, Status
+from preflight.context import Context, activity
+from preflight.model import Finding, Result, Scope, Status, fold
 from preflight.probes.gpu import GpuSnapshot
-from preflight.runner import activity
 
 NAME = "cuda_devices"
 SHOW_DEVICES = 4
@@ -49,12 +47,8 @@ REMEDY_ORDER = ("export CUDA_DEVICE_ORDER=PCI_BUS_ID (CUDA indices then equal nv
                 "or list GPUs by UUID: CUDA_VISIBLE_DEVICES=GPU-<uuid> (nvidia-smi -L)")
 
 
-@dataclass(frozen=True)
-class Finding:
-    status: Status
-    reason: str
-    message: str
-    remedy: str = ""
+#: CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER and the local ranks are the job's own settings.
+JOB = Scope.JOB
 
 
 def _shown(raw: str | None) -> str:
@@ -112,30 +106,30 @@ def _without_nvml(parsed: cvd.Parsed, snap: GpuSnapshot, details: dict[str, Any]
     why = snap.error or "NVML not available"
     shown = _shown(parsed.raw)
     if parsed.unset:
-        return Result(NAME, Status.SKIP, "NoNvml",
+        return Result(NAME, Status.SKIP, "NvmlUnavailable",
                       f"{shown}: CUDA would see every GPU, but {why}; cannot map devices",
                       details=details)
     if parsed.empty:
         return Result(NAME, Status.WARN, "CvdEmpty",
                       f"{shown} (empty): CUDA sees no GPU ({why})",
                       "unset CUDA_VISIBLE_DEVICES to use every GPU, or list them: "
-                      "export CUDA_VISIBLE_DEVICES=0,1,...", details=details)
+                      "export CUDA_VISIBLE_DEVICES=0,1,...", details=details, scope=JOB)
     stop, dup = cvd.text_problems(parsed)
     if dup is not None:
         return Result(NAME, Status.WARN, "CvdDuplicate",
                       f"{shown}: entries {dup[0].position} and {dup[1].position} ({dup[0].raw!r})"
                       f" name the same device; CUDA then exposes no device and NCCL fails with "
                       f"'Duplicate GPU detected' ({why}, GPUs not checked)",
-                      "List each GPU once in CUDA_VISIBLE_DEVICES.", details=details)
+                      "List each GPU once in CUDA_VISIBLE_DEVICES.", details=details, scope=JOB)
     if stop is not None and not stop.harmless:
         return Result(NAME, Status.WARN, "CvdStopsEarly",
                       f"{shown}: CUDA stops at {stop.entry.raw!r} (entry {stop.entry.position}: "
                       f"{stop.why}) and ignores the rest ({_entries_text(stop.dropped) or 'none'})"
                       f"; {why}, GPUs not checked",
                       f"Remove or fix entry {stop.entry.position} of CUDA_VISIBLE_DEVICES.",
-                      details=details)
+                      details=details, scope=JOB)
     count = len(parsed.entries or ())
-    return Result(NAME, Status.SKIP, "NoNvml",
+    return Result(NAME, Status.SKIP, "NvmlUnavailable",
                   f"{shown}: {count} entr{'y' if count == 1 else 'ies'}, no text problem; "
                   f"{why}, so they cannot be mapped to GPUs", details=details)
 
@@ -172,7 +166,8 @@ def run(ctx: Context) -> Result:
             Status.FAIL, "CvdEmpty",
             f"{shown} (empty string): CUDA sees no GPU; the node has {len(snap.gpus)}",
             "unset CUDA_VISIBLE_DEVICES to use every GPU, or list the job's GPUs "
-            "(export CUDA_VISIBLE_DEVICES=0,1,...); in Kubernetes request nvidia.com/gpu"))
+            "(export CUDA_VISIBLE_DEVICES=0,1,...); in Kubernetes request nvidia.com/gpu",
+            scope=JOB))
     if res.duplicate is not None:
         first, second = res.duplicate
         fix = _suggest(parsed, snap, second, order=order, physical=prolog)
@@ -181,7 +176,7 @@ def run(ctx: Context) -> Result:
             f"{shown}: entries {first.position} ({first.raw!r}) and {second.position} "
             f"({second.raw!r}) name the same GPU; CUDA then exposes no device at all (as PyTorch "
             "and nvitop model the driver) and NCCL fails with 'Duplicate GPU detected'",
-            "List each GPU once" + (f": {fix}" if fix else " in CUDA_VISIBLE_DEVICES")))
+            "List each GPU once" + (f": {fix}" if fix else " in CUDA_VISIBLE_DEVICES"), scope=JOB))
         details["duplicate_entries"] = [first.position, second.position]
     if res.stop is not None:
         stop = res.stop
@@ -201,11 +196,12 @@ def run(ctx: Context) -> Result:
         if res.ambiguous is not None:
             findings.append(Finding(Status.FAIL, "CvdAmbiguousPrefix", at + ignored,
                                     "Use a longer UUID prefix or the full UUID from nvidia-smi "
-                                    "-L (e.g. " + res.ambiguous[1][0].uuid + ")"))
+                                    "-L (e.g. " + res.ambiguous[1][0].uuid + ")", scope=JOB))
         elif stop.harmless:
-            findings.append(Finding(Status.WARN, "CvdTerminator", at, remedy))
+            findings.append(Finding(Status.WARN, "CvdTerminator", at, remedy, scope=JOB))
         else:
-            findings.append(Finding(Status.FAIL, "CvdStopsEarly", at + ignored, remedy))
+            findings.append(Finding(Status.FAIL, "CvdStopsEarly", at + ignored, remedy,
+                                    scope=JOB))
     bare_entries: set[int] = set()
     for dev in res.devices:
         entry = dev.entry
@@ -219,7 +215,7 @@ def run(ctx: Context) -> Result:
             f"{shown}: entry {entry.position} {entry.raw!r} looks like the start of {bare} "
             f"without 'GPU-', but CUDA reads it as index {entry.index} ("
             + ("the same GPU by luck)" if same else f"{dev.describe()}, another GPU)"),
-            f"Write GPU-{entry.raw.strip()} in CUDA_VISIBLE_DEVICES"))
+            f"Write GPU-{entry.raw.strip()} in CUDA_VISIBLE_DEVICES", scope=JOB))
     if res.mig_dropped:
         kept = next((d for d in res.devices if d.mig is not None), None)
         findings.append(Finding(
@@ -228,7 +224,7 @@ def run(ctx: Context) -> Result:
             f"per process ({kept.describe() if kept else 'the first'}); ignored: "
             f"{_entries_text(res.mig_dropped)}",
             "Give each process one MIG device (CUDA_VISIBLE_DEVICES=MIG-<uuid> from nvidia-smi "
-            "-L), or use whole GPUs for multi-GPU training"))
+            "-L), or use whole GPUs for multi-GPU training", scope=JOB))
     if res.mig_parents:
         findings.append(Finding(
             Status.WARN, "CvdMigGpu",
@@ -253,13 +249,15 @@ def run(ctx: Context) -> Result:
                    f": {local_ws} local processes need {local_ws} GPUs")
             findings.append(Finding(
                 Status.FAIL, "LocalRankOutOfRange" if rank_bad else "LocalWorldSizeTooBig",
-                f"{' and '.join(parts)} but {have} with {shown}{why}", REMEDY_LOCAL_RANK))
+                f"{' and '.join(parts)} but {have} with {shown}{why}", REMEDY_LOCAL_RANK,
+                scope=JOB))
 
     if order_raw is not None and order is None:
         findings.append(Finding(
             Status.WARN, "CudaOrderUnknown",
             f"CUDA_DEVICE_ORDER={order_raw!r} is neither PCI_BUS_ID nor FASTEST_FIRST; CUDA "
-            "falls back to its default, FASTEST_FIRST", "export CUDA_DEVICE_ORDER=PCI_BUS_ID"))
+            "falls back to its default, FASTEST_FIRST", "export CUDA_DEVICE_ORDER=PCI_BUS_ID",
+            scope=JOB))
     if res.order_ambiguous and (res.uses_indices or parsed.unset):
         models = sorted({g.name for g in snap.gpus if g.error is None})
         findings.append(Finding(
@@ -268,25 +266,16 @@ def run(ctx: Context) -> Result:
             f"{'unset' if order_raw is None else repr(order_raw)} (FASTEST_FIRST): CUDA's device i "
             "(cuda:i, and index i in CUDA_VISIBLE_DEVICES) need not be nvidia-smi GPU i; the "
             "mapping shown assumes PCI order",
-            REMEDY_ORDER))
+            REMEDY_ORDER, scope=JOB))
     for position, note in res.notes:
         if position in bare_entries:
             continue
         findings.append(Finding(Status.WARN, "CvdNotClean", f"{shown}: {note}",
-                                "Write plain comma-separated entries without blanks or suffixes"))
+                                "Write plain comma-separated entries without blanks or suffixes",
+                                scope=JOB))
 
-    summary = _summary(res, shown, local_rank, prolog=prolog)
-    if not findings:
-        return Result(NAME, Status.PASS, "CvdOk", summary, details=details)
-    findings.sort(key=lambda f: -f.status)
-    top = findings[0]
-    details["problems"] = [f.reason for f in findings]
-    message = top.message
-    if len(findings) > 1:
-        message += "; also: " + "; ".join(f.message for f in findings[1:])
-    if top.status is Status.WARN:
-        message += f". {summary}"
-    return Result(NAME, top.status, top.reason, message, top.remedy, details=details)
+    return fold(NAME, findings, ok_reason="CvdOk",
+                summary=_summary(res, shown, local_rank, prolog=prolog), details=details)
 
 
 def _summary(res: cvd.Resolution, shown: str, local_rank: int | None, *, prolog: bool) -> str:

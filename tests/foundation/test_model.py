@@ -43,3 +43,33 @@ def test_report_json_round_trip_uses_lower_case_statuses() -> None:
 def test_report_from_json_rejects_other_schema() -> None:
     with pytest.raises(ValueError, match="schema_version"):
         Report.from_json({"schema_version": 99, "results": []})
+
+
+def test_a_node_whose_applicable_checks_passed_is_pass() -> None:
+    """#14 point 2: SKIP only when nothing applied; a SKIP beside a PASS does not hide it."""
+    def report(*statuses: Status) -> Report:
+        return Report(results=tuple(Result(f"c{i}", s, "R", "m") for i, s in enumerate(statuses)))
+
+    assert report(Status.PASS, Status.SKIP, Status.SKIP).status is Status.PASS
+    assert report(Status.SKIP, Status.SKIP).status is Status.SKIP
+    assert report(Status.SKIP, Status.WARN).status is Status.WARN
+    assert report(Status.PASS, Status.SKIP, Status.FAIL).status is Status.FAIL
+    assert exit_code(report(Status.PASS, Status.SKIP).status) is ExitCode.OK
+
+
+def test_fold_lists_every_reason_worst_first_with_remedies_once() -> None:
+    from preflight.model import Finding, Scope, fold
+
+    r = fold("x", [Finding(Status.WARN, "Slow", "slow.", "fix a"),
+                   Finding(Status.FAIL, "Broken", "broken", "fix b", Scope.JOB),
+                   Finding(Status.FAIL, "Gone", "gone", "fix a")],
+             ok_reason="Ok", summary="all fine", details={"k": 1})
+    assert (r.status, r.reason, r.scope) == (Status.FAIL, "Broken", Scope.NODE)
+    assert r.message == "broken; gone; slow"
+    assert r.remedy == "fix b; fix a"
+    assert r.details == {"k": 1, "reasons": ["Broken", "Gone", "Slow"]}
+    only_job = fold("x", [Finding(Status.FAIL, "Broken", "b", "", Scope.JOB)], ok_reason="Ok",
+                    summary="")
+    assert only_job.scope is Scope.JOB
+    ok = fold("x", [], ok_reason="Ok", summary="all fine")
+    assert (ok.status, ok.reason, ok.message) == (Status.PASS, "Ok", "all fine")

@@ -38,7 +38,29 @@ def test_bad_node_is_drained_with_the_reason(tmp_path: Path,
     assert rc == 1
     assert calls.read_text().splitlines() == [
         "update", "nodename=gpu017", "state=drain", "reason=preflight: gpu_visible GpuLost", "---"]
-    assert "FAIL gpu_visible GpuLost: GPU 3 does not answer" in err
+    assert "FAIL gpu_visible GpuLost (scope node): GPU 3 does not answer" in err
+
+
+@pytest.mark.parametrize(("env", "reason"), [
+    ({"CUDA_VISIBLE_DEVICES": "0,1,0"}, "CvdDuplicate"),
+    ({"CUDA_VISIBLE_DEVICES": "0,1", "LOCAL_WORLD_SIZE": "4", "LOCAL_RANK": "3"},
+     "LocalRankOutOfRange"),
+])
+def test_a_jobs_own_mistake_never_drains(tmp_path: Path, scontrol: tuple[Path, Path],
+                                         env: dict[str, str], reason: str) -> None:
+    """A job fault (scope job) goes to stderr; the node stays in service (#11 point 3)."""
+    fake, calls = scontrol
+    rc, err = _prolog(tmp_path, topologies.healthy_8x_h100(), fake, env=env)
+    assert (rc, calls.exists()) == (0, False)
+    assert f"FAIL cuda_devices {reason} (scope job)" in err
+
+
+def test_a_node_fault_beside_a_job_fault_drains_for_the_node_only(
+        tmp_path: Path, scontrol: tuple[Path, Path]) -> None:
+    fake, calls = scontrol
+    rc, _ = _prolog(tmp_path, topologies.lost_gpu(3), fake, env={"CUDA_VISIBLE_DEVICES": "0,0"})
+    assert rc == 1
+    assert "reason=preflight: gpu_visible GpuLost" in calls.read_text().splitlines()
 
 
 def test_healthy_node_and_warnings_do_not_drain(tmp_path: Path,
@@ -49,6 +71,19 @@ def test_healthy_node_and_warnings_do_not_drain(tmp_path: Path,
     assert rc == 0
     assert not calls.exists()
     assert "WARN nccl_env P2pDisabled" in err
+
+
+def test_a_drain_reason_names_node_faults_only() -> None:
+    from preflight.commands.prolog import drain_reason
+    from preflight.model import Report, Result, Scope, Status
+
+    report = Report(results=(
+        Result("cuda_devices", Status.FAIL, "CvdDuplicate", "x", scope=Scope.JOB),
+        Result("shm", Status.FAIL, "ShmTooSmall", "y")))
+    assert drain_reason(report) == "preflight: shm ShmTooSmall"
+    assert report.status is Status.FAIL and report.node_status is Status.FAIL
+    job_only = Report(results=report.results[:1])
+    assert (job_only.status, job_only.node_status) == (Status.FAIL, Status.PASS)
 
 
 def test_undecided_is_fail_open_unless_asked(tmp_path: Path, scontrol: tuple[Path, Path]) -> None:

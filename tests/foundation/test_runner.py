@@ -5,9 +5,10 @@ import time
 
 import pytest
 
-from preflight.context import Context
+from preflight.checks.base import Check
+from preflight.context import Context, activity
 from preflight.model import Result, Status
-from preflight.runner import Check, SelectionError, activity, run_checks, select
+from preflight.runner import SelectionError, run_checks, select
 from tests.conftest import MakeCtx
 
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preflight.config import ConfigError
-from preflight.model import Report, Result, Status
+from preflight.model import Report, Result, Scope, Status
 from preflight.outputs.prom import DaemonStats, MetricsSnapshot, render, write_textfile
 from tests.serve.conftest import REPO, fixture_file, samples
 
@@ -77,10 +77,10 @@ def test_bandwidth_gpu_and_version_figures() -> None:
                details={"count": 8, "expected": 8,
                         "gpus": [{"index": i, "error": "lost" if i == 3 else None}
                                  for i in range(8)]}),
-        Result("allreduce", Status.PASS, "BusbwOk", "fast",
-               details={"busbw_gbps": 360.5, "link_efficiency": 0.8}),
+        Result("allreduce", Status.PASS, "BusbwOk", "fast"),
     ), fingerprint={"sha256": "ab" * 32, "nccl": "2.28.3", "driver": None,
-                    "packages": {"torch": "2.13.0", "numpy": None}})
+                    "packages": {"torch": "2.13.0", "numpy": None}},
+        bandwidth={"busbw_gbps": 360.5, "link_efficiency": 0.8})
     m = scrape(report)
     assert m["preflight_gpu_visible"] == 7
     assert m["preflight_gpu_expected"] == 8
@@ -91,21 +91,20 @@ def test_bandwidth_gpu_and_version_figures() -> None:
     assert not any('package="numpy"' in k or 'package="driver"' in k for k in m)
     assert m[f'preflight_fingerprint_info{{sha256="{"ab" * 32}"}}'] == 1
 
-    # Report.bandwidth (bytes/s) wins over the check's details; a skipped test shows nothing.
-    both = Report(results=report.results, bandwidth={"busbw_bytes_per_second": 1e9})
-    assert scrape(both)["preflight_allreduce_bus_bandwidth_bytes_per_second"] == 1e9
+    # Only Report.bandwidth counts: a skipped test (no Report.bandwidth) shows nothing, whatever
+    # its details say.
     skipped = Report(results=(Result("allreduce", Status.SKIP, "GpusBusy", "job running",
                                      details={"busbw_gbps": 1.0}),))
     assert math.isnan(scrape(skipped)["preflight_allreduce_bus_bandwidth_bytes_per_second"])
 
 
-def test_fingerprint_from_the_versions_details_when_the_report_has_none() -> None:
-    report = Report(results=(Result("versions", Status.PASS, "VersionsRecorded", "ok", details={
-        "fingerprint": {"sha256": "cd" * 32, "packages": [{"name": "scikit-learn",
-                                                         "version": "1.3.2"}]}}),))
-    m = scrape(report)
-    assert m['preflight_package_info{package="scikit-learn",version="1.3.2"}'] == 1
-    assert m[f'preflight_fingerprint_info{{sha256="{"cd" * 32}"}}'] == 1
+def test_a_job_fault_leaves_the_node_healthy() -> None:
+    """preflight_node_healthy reflects node faults only: a job's own mistake does not count."""
+    job = Report(results=(Result("cuda_devices", Status.FAIL, "CvdDuplicate", "x",
+                                 scope=Scope.JOB),))
+    assert scrape(job)["preflight_node_healthy"] == 1
+    node = Report(results=(*job.results, Result("shm", Status.FAIL, "ShmTooSmall", "y")))
+    assert scrape(node)["preflight_node_healthy"] == 0
 
 
 json_values = st.recursive(

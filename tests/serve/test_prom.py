@@ -185,3 +185,32 @@ def test_promtool_accepts_a_full_snapshot(tmp_path: Path) -> None:
     lint = subprocess.run([str(PROMTOOL), "check", "metrics"], input=text,
                           capture_output=True, timeout=30, check=False)
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+GOLDEN_REPORT = REPO / "tests" / "golden" / "check_8xh100.json"
+GOLDEN_METRICS = REPO / "tests" / "golden" / "metrics_8xh100.prom"
+
+
+def test_golden_metrics(update_golden: bool) -> None:
+    """The /metrics contract as a file (as node_exporter's end-to-end test keeps one): the golden
+    JSON report plus a bandwidth run, a fingerprint and the daemon's counters. A metric that
+    changes shape shows in review; refresh with ``pytest --update-golden`` and read the diff."""
+    from preflight.checks import CHECKS
+
+    data = json.loads(GOLDEN_REPORT.read_text())
+    report = Report.from_json({
+        **data, "timestamp_s": 1_700_000_000.0,
+        "bandwidth": {"busbw_gbps": 370.25, "link_efficiency": 0.82},
+        "fingerprint": {"sha256": "ab" * 32, "python": "3.12.3", "cuda": "13.0",
+                        "nccl": "2.28.9", "driver": "580.159.04",
+                        "packages": {"torch": "2.13.0", "numpy": "2.1.0"}}})
+    stats = DaemonStats(runs_total=3, check_errors_total={"allreduce": 1},
+                        bandwidth_timestamp_s=1_700_000_100.0, interval_s=60.0)
+    text = render(MetricsSnapshot(report, tuple(c.name for c in CHECKS), stats)).decode()
+    text = text.replace(f'version="{report.version}"', 'version="VERSION"')
+    import preflight
+
+    text = text.replace(f'version="{preflight.__version__}"', 'version="VERSION"')
+    if update_golden:
+        GOLDEN_METRICS.write_text(text)
+    assert text == GOLDEN_METRICS.read_text(), "run pytest --update-golden and review the diff"

@@ -54,7 +54,10 @@ def run_checks(ctx: Context, checks: Sequence[Check], *, mode: str = "check") ->
                             f"{check.name} could not decide: {type(exc).__name__}: {exc}",
                             "This is a bug or an unexpected node state; rerun with "
                             "--log-level debug and report the traceback.", scope=Scope.UNDECIDED)
-        slots[check.name] = replace(result, check=check.name, duration_s=time.monotonic() - t0)
+        # ERROR means "could not decide": never the node's nor the job's fault.
+        scope = Scope.UNDECIDED if result.status is Status.ERROR else result.scope
+        slots[check.name] = replace(result, check=check.name, duration_s=time.monotonic() - t0,
+                                    scope=scope)
 
     threads = []
     for check in checks:

@@ -12,8 +12,11 @@ from typing import TypeVar
 
 from preflight.config import Config
 from preflight.probes.gpu import FixtureFileGpuProbe, GpuProbe, GpuSnapshot
+from preflight.probes.net import IbSnapshot, NetProbe, NetSnapshot
 
 T = TypeVar("T")
+#: Deadline of one name lookup (MASTER_ADDR), seconds.
+RESOLVE_TIMEOUT_S = 2.0
 
 _activity: dict[int, str] = {}
 _activity_lock = threading.Lock()
@@ -52,12 +55,14 @@ class Context:
         root: where the host's filesystem is mounted (``/``; ``/host`` in a container); every
             ``/proc``, ``/sys``, ``/dev/shm`` path goes through :meth:`host_path`.
         gpu_probe: source of GPU facts (NVML, or a fixture).
+        net_probe: source of network facts (the live kernel, or a fixture).
     """
 
     config: Config
     env: Mapping[str, str]
     root: Path = Path("/")
     gpu_probe: GpuProbe | None = None
+    net_probe: NetProbe | None = None
     _cache: dict[str, object] = field(default_factory=dict, repr=False)
     #: One lock per cache key, so two checks needing the same probe wait for one pass of it.
     _key_locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
@@ -79,6 +84,41 @@ class Context:
     def gpus(self) -> GpuSnapshot:
         """The GPU snapshot of this run (one NVML pass shared by every check)."""
         return self.cached("gpus", self._probe_gpus)
+
+    def _net(self) -> NetProbe:
+        if self.net_probe is None:
+            from preflight.probes.net import LiveNetProbe
+
+            self.net_probe = LiveNetProbe()
+        return self.net_probe
+
+    def interfaces(self) -> NetSnapshot:
+        """This run's network interfaces (one pass shared by ``network`` and ``master_port``)."""
+        with activity("reading network interfaces (getifaddrs, ioctl)"):
+            return self.cached("net.interfaces", lambda: self._net().interfaces())
+
+    def ib(self) -> IbSnapshot:
+        """This run's RDMA ports under ``<root>/sys/class/infiniband``."""
+        path = self.host_path("/sys/class/infiniband")
+        with activity(f"reading {path}"):
+            return self.cached("net.ib", lambda: self._net().ib(path))
+
+    def resolve(self, host: str) -> tuple[tuple[int, str], ...]:
+        """``host``'s addresses, once per run, within RESOLVE_TIMEOUT_S (a third of a check's
+        deadline at most).
+
+        Raises:
+            socket.gaierror: it does not resolve; TimeoutError: the resolver hangs.
+        """
+        timeout = min(RESOLVE_TIMEOUT_S, self.config.check_timeout_s / 3)
+        with activity(f"resolving MASTER_ADDR {host} (getaddrinfo)"):
+            return self.cached(f"net.resolve:{host}",
+                               lambda: self._net().resolve(host, timeout_s=timeout))
+
+    def route_source(self, family: int, address: str) -> str:
+        """The source address the kernel picks to reach ``address``; raises OSError: no route."""
+        with activity(f"route lookup to {address} (UDP connect)"):
+            return self._net().route_source(family, address)
 
     def _probe_gpus(self) -> GpuSnapshot:
         if self.gpu_probe is None:

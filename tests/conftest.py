@@ -8,6 +8,7 @@ import pytest
 from preflight.config import Config
 from preflight.context import Context
 from preflight.probes.gpu import FixtureGpuProbe, GpuSnapshot
+from preflight.probes.net import NetProbe
 from tests import topologies
 
 MakeCtx = Callable[..., Context]
@@ -15,16 +16,18 @@ MakeCtx = Callable[..., Context]
 
 @pytest.fixture
 def make_ctx(tmp_path: Path) -> MakeCtx:
-    """Build a Context: fixture GPUs (default 8x H100), an explicit env, a config."""
+    """Build a Context: fixture GPUs (default 8x H100), an explicit env, a config; the live
+    network unless ``net`` gives a fixture probe."""
 
     def make(*, env: Mapping[str, str] | None = None, snapshot: GpuSnapshot | None = None,
-             config: Config | None = None, root: Path | str = "/", **config_changes: object
-             ) -> Context:
+             config: Config | None = None, root: Path | str = "/", net: NetProbe | None = None,
+             **config_changes: object) -> Context:
         cfg = config or Config()
         if config_changes:
             cfg = cfg.replace(**config_changes)
         return Context(config=cfg, env=dict(env or {}), root=Path(root),
-                       gpu_probe=FixtureGpuProbe(snapshot or topologies.healthy_8x_h100()))
+                       gpu_probe=FixtureGpuProbe(snapshot or topologies.healthy_8x_h100()),
+                       net_probe=net)
 
     return make
 

@@ -27,7 +27,6 @@ import socket
 from typing import Any
 
 from preflight.checks.common import env_int
-from preflight.checks.network import net_facts, resolve_master
 from preflight.context import Context, activity
 from preflight.model import Result, Scope, Status
 from preflight.netparse import ParseError, parse_master_addr, parse_master_port
@@ -126,7 +125,7 @@ def run(ctx: Context) -> Result:
                       "export MASTER_ADDR=<rank 0's hostname or IP, as every node resolves it>",
                       details=details, scope=Scope.JOB)
     try:
-        addrs = resolve_master(ctx, master.host)
+        addrs = ctx.resolve(master.host)
     except socket.gaierror as exc:
         return Result(NAME, Status.FAIL, "MasterAddrUnresolved",
                       f"MASTER_ADDR={raw_addr!r} does not resolve on this node "
@@ -138,7 +137,7 @@ def run(ctx: Context) -> Result:
                       f"MASTER_ADDR={raw_addr!r} resolves to no IPv4/IPv6 address.",
                       "export MASTER_ADDR=<rank 0's IP>", details=details, scope=Scope.JOB)
     details["resolved"] = [a for _, a in addrs]
-    local = {a for i in net_facts(ctx).interfaces for _, a, _ in i.addresses}
+    local = {a for i in ctx.interfaces().interfaces for _, a, _ in i.addresses}
     mine = [a for _, a in addrs if a in local or ipaddress.ip_address(a).is_loopback]
     if rank == 0 or mine:
         why = f"RANK={rank}" if rank == 0 else f"MASTER_ADDR {mine[0]} is this node's address"

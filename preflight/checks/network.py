@@ -30,7 +30,7 @@ import socket
 from typing import Any
 
 from preflight.checks.common import env_int
-from preflight.context import Context, activity
+from preflight.context import Context
 from preflight.model import Finding, Result, Scope, Status, fold
 from preflight.netparse import (
     IbSelection,
@@ -49,37 +49,6 @@ from preflight.netparse import (
 from preflight.probes.net import IbSnapshot, NetSnapshot
 
 NAME = "network"
-#: Deadline of one name lookup (MASTER_ADDR, this host's name), seconds.
-RESOLVE_TIMEOUT_S = 2.0
-
-
-def net_facts(ctx: Context) -> NetSnapshot:
-    """The interface snapshot of this run, shared with ``master_port``."""
-    from preflight.probes.net import probe_interfaces
-
-    with activity("reading network interfaces (getifaddrs, ioctl)"):
-        return ctx.cached("net.interfaces", probe_interfaces)
-
-
-def ib_facts(ctx: Context) -> IbSnapshot:
-    from preflight.probes.net import probe_ib
-
-    path = ctx.host_path("/sys/class/infiniband")
-    with activity(f"reading {path}"):
-        return ctx.cached("net.ib", lambda: probe_ib(path))
-
-
-def resolve_master(ctx: Context, host: str) -> tuple[tuple[int, str], ...]:
-    """MASTER_ADDR's addresses, once per run (shared with ``master_port``).
-
-    Raises:
-        socket.gaierror: it does not resolve; TimeoutError: the resolver hangs.
-    """
-    from preflight.probes.net import resolve
-
-    timeout = min(RESOLVE_TIMEOUT_S, ctx.config.check_timeout_s / 3)
-    with activity(f"resolving MASTER_ADDR {host} (getaddrinfo)"):
-        return ctx.cached(f"net.resolve:{host}", lambda: resolve(host, timeout_s=timeout))
 
 
 def multi_node(ctx: Context) -> tuple[bool, str]:
@@ -257,8 +226,6 @@ def _suggest(snap: NetSnapshot, prefer: str | None = None) -> str | None:
 def _route(ctx: Context, snap: NetSnapshot, sel: Selection, *, bootstrap: tuple[str, str] | None,
            f: list[Finding], details: dict[str, Any]) -> str:
     """Judge the route to rank 0 for a multi-node job; returns a sentence for the summary."""
-    from preflight.probes.net import route_source
-
     raw = ctx.env.get("MASTER_ADDR")
     if raw is None:
         f.append(Finding(
@@ -270,7 +237,7 @@ def _route(ctx: Context, snap: NetSnapshot, sel: Selection, *, bootstrap: tuple[
     # A MASTER_ADDR that is malformed or does not resolve is master_port's to report (one fault,
     # one owner); here it only means the route cannot be judged.
     try:
-        addrs = resolve_master(ctx, parse_master_addr(raw).host)
+        addrs = ctx.resolve(parse_master_addr(raw).host)
     except (ParseError, socket.gaierror):
         addrs = ()
     if not addrs:
@@ -285,17 +252,16 @@ def _route(ctx: Context, snap: NetSnapshot, sel: Selection, *, bootstrap: tuple[
             "export MASTER_ADDR=<rank 0's routable IP, e.g. its data NIC's address>",
             scope=Scope.JOB))
         return ""
-    with activity(f"route lookup to {target} (UDP connect)"):
-        try:
-            src = route_source(family, target)
-        except OSError as exc:
-            f.append(Finding(
-                Status.FAIL, "NoRouteToMaster",
-                f"no route from this node to MASTER_ADDR {target} "
-                f"({exc.strerror or exc}); NCCL bootstrap and the TCPStore cannot connect.",
-                "Fix the routing (ip route get " + target + ") or use rank 0's address on a "
-                "network this node is on."))
-            return ""
+    try:
+        src = ctx.route_source(family, target)
+    except OSError as exc:
+        f.append(Finding(
+            Status.FAIL, "NoRouteToMaster",
+            f"no route from this node to MASTER_ADDR {target} "
+            f"({exc.strerror or exc}); NCCL bootstrap and the TCPStore cannot connect.",
+            "Fix the routing (ip route get " + target + ") or use rank 0's address on a "
+            "network this node is on."))
+        return ""
     owner = snap.owner(src)
     route_if = owner.name if owner else None
     details["route_interface"] = route_if
@@ -340,8 +306,8 @@ def _route(ctx: Context, snap: NetSnapshot, sel: Selection, *, bootstrap: tuple[
 
 
 def run(ctx: Context) -> Result:
-    snap = net_facts(ctx)
-    ib = ib_facts(ctx)
+    snap = ctx.interfaces()
+    ib = ctx.ib()
     f: list[Finding] = []
     multi, why = multi_node(ctx)
     details: dict[str, Any] = {"multi_node": multi, "multi_node_why": why}

@@ -72,6 +72,13 @@ class Context:
         """``path`` (absolute, e.g. ``/dev/shm``) under the host root."""
         return self.root / path.lstrip("/")
 
+    def env_int(self, name: str) -> int | None:
+        """``int(env[name])`` as torch reads it; None when unset, empty or not an integer
+        (``launcher_env`` reports that)."""
+        from preflight.launcher import read_int
+
+        return read_int(self.env.get(name))
+
     def cached(self, key: str, make: Callable[[], T]) -> T:
         """Compute ``make()`` once per run, shared by the checks that need it (thread-safe)."""
         with self._lock:

@@ -174,7 +174,7 @@ def build(env: Mapping[str, Any], *, driver: str | None, driver_cuda: int | None
           meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Assemble a fingerprint from a :func:`preflight.probes.pyenv.gather` answer and node facts.
 
-    Pure, so tests and ``preflight cluster`` can build one from data.
+    Pure, so tests can build one from data.
     """
     raw_torch = env.get("torch")
     torch: Mapping[str, Any] = raw_torch if isinstance(raw_torch, dict) else {}

@@ -86,6 +86,18 @@ def read_int(raw: str | None) -> int | None:
         return None
 
 
+def slurm_job_gpus(env: Mapping[str, str]) -> list[int] | None:
+    """Physical GPU indices Slurm gave the job on this node (SLURM_JOB_GPUS="0,1,2,3"); None when
+    unset or not a list of integers."""
+    raw = env.get("SLURM_JOB_GPUS")
+    if not raw:
+        return None
+    try:
+        return [int(x) for x in raw.split(",") if x.strip()]
+    except ValueError:
+        return None
+
+
 def detect(env: Mapping[str, str]) -> tuple[Launcher, ...]:
     """Which launchers' variables are present (most specific first)."""
     found: list[Launcher] = []
@@ -254,4 +266,4 @@ def _slurm_consistency(ints: Mapping[str, int], env: Mapping[str, str], *,
 
 
 __all__ = ["ENV_RENDEZVOUS_VARS", "TORCHRUN_VARS", "Launcher", "LauncherEnv", "analyse",
-           "detect", "read_int"]
+           "detect", "read_int", "slurm_job_gpus"]

@@ -161,7 +161,7 @@ def verdict(statuses: Iterable[Status]) -> Status:
 
 @dataclass(frozen=True)
 class Report:
-    """Everything one run found: one JSON schema for check, cluster and serve's /report."""
+    """Everything one run found: one JSON schema for check, prolog and serve's /report."""
 
     results: tuple[Result, ...]
     host: str = field(default_factory=socket.gethostname)

@@ -29,7 +29,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from preflight import cvd
-from preflight.checks.common import env_int
 from preflight.context import Context, activity
 from preflight.model import Finding, Result, Scope, Status, fold
 from preflight.probes.gpu import GpuSnapshot
@@ -149,7 +148,7 @@ def run(ctx: Context) -> Result:
     if not snap.available:
         return _without_nvml(parsed, snap, details)
     if not any(g.error is None for g in snap.gpus):
-        return Result(NAME, Status.SKIP, "NoGpus",
+        return Result(NAME, Status.SKIP, "NoGpu",
                       f"NVML reports no usable GPU; nothing for {_shown(raw)} to select "
                       "(gpu_visible judges the GPU count)", details=details)
 
@@ -233,7 +232,7 @@ def run(ctx: Context) -> Result:
             "Disable MIG for multi-GPU training (nvidia-smi -i N -mig 0) or select one MIG "
             "device by UUID"))
 
-    local_rank, local_ws = env_int(ctx, "LOCAL_RANK"), env_int(ctx, "LOCAL_WORLD_SIZE")
+    local_rank, local_ws = ctx.env_int("LOCAL_RANK"), ctx.env_int("LOCAL_WORLD_SIZE")
     details["local_rank"], details["local_world_size"] = local_rank, local_ws
     n = len(res.devices)
     if not prolog and not parsed.empty and res.duplicate is None:

@@ -20,7 +20,7 @@ without peers, e.g. one H200 in a VM, is fine).
 
 from __future__ import annotations
 
-from preflight.checks.common import expected_gpus
+from preflight.checks.job_gpus import expected_gpus
 from preflight.context import Context
 from preflight.model import Finding, Result, Scope, Status, fold
 from preflight.probes.gpu import Gpu, GpuSnapshot

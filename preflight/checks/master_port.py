@@ -26,7 +26,6 @@ import ipaddress
 import socket
 from typing import Any
 
-from preflight.checks.common import env_int
 from preflight.context import Context, activity
 from preflight.model import Result, Scope, Status
 from preflight.netparse import ParseError, parse_master_addr, parse_master_port
@@ -108,7 +107,7 @@ def run(ctx: Context) -> Result:
                       scope=Scope.JOB)
     details["port"] = port
     port_note = "" if raw_port is not None else " (MASTER_PORT unset: torchrun's default)"
-    rank = env_int(ctx, "RANK")
+    rank = ctx.env_int("RANK")
 
     if raw_addr is None:
         # torchrun's default --master-addr is 127.0.0.1: a single-node job on this node.

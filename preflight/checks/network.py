@@ -29,7 +29,6 @@ import ipaddress
 import socket
 from typing import Any
 
-from preflight.checks.common import env_int
 from preflight.context import Context
 from preflight.model import Finding, Result, Scope, Status, fold
 from preflight.netparse import (
@@ -52,9 +51,9 @@ NAME = "network"
 
 
 def multi_node(ctx: Context) -> tuple[bool, str]:
-    return is_multi_node(world_size=env_int(ctx, "WORLD_SIZE"),
-                         local_world_size=env_int(ctx, "LOCAL_WORLD_SIZE"),
-                         slurm_nodes=env_int(ctx, "SLURM_JOB_NUM_NODES"),
+    return is_multi_node(world_size=ctx.env_int("WORLD_SIZE"),
+                         local_world_size=ctx.env_int("LOCAL_WORLD_SIZE"),
+                         slurm_nodes=ctx.env_int("SLURM_JOB_NUM_NODES"),
                          forced=ctx.config.multi_node)
 
 

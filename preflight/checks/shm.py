@@ -15,7 +15,7 @@ import contextlib
 import os
 import uuid
 
-from preflight.checks.common import job_gpu_count
+from preflight.checks.job_gpus import job_gpu_count
 from preflight.context import Context
 from preflight.model import Result, Status
 from preflight.units import fmt_bytes

@@ -1,32 +1,11 @@
-"""Facts several checks derive the same way (pure over the context)."""
+"""How many GPUs the job expects on this node: one answer for ``gpu_visible`` and ``shm``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from preflight.context import Context
-
-
-def env_int(ctx: Context, name: str) -> int | None:
-    """``int(env[name])`` or None when unset or not an integer (launcher_env reports that)."""
-    raw = ctx.env.get(name)
-    if raw is None:
-        return None
-    try:
-        return int(raw.strip())
-    except ValueError:
-        return None
-
-
-def slurm_job_gpus(ctx: Context) -> list[int] | None:
-    """Physical GPU indices Slurm gave the job on this node (SLURM_JOB_GPUS="0,1,2,3")."""
-    raw = ctx.env.get("SLURM_JOB_GPUS")
-    if not raw:
-        return None
-    try:
-        return [int(x) for x in raw.split(",") if x.strip()]
-    except ValueError:
-        return None
+from preflight.launcher import slurm_job_gpus
 
 
 @dataclass(frozen=True)
@@ -49,10 +28,10 @@ def expected_gpus(ctx: Context) -> ExpectedGpus:
     ``expect_gpus``, else Slurm's SLURM_JOB_GPUS, else LOCAL_WORLD_SIZE, else nobody says."""
     if ctx.config.expect_gpus is not None:
         return ExpectedGpus(ctx.config.expect_gpus, "expect_gpus")
-    slurm = slurm_job_gpus(ctx)
+    slurm = slurm_job_gpus(ctx.env)
     if slurm:
         return ExpectedGpus(len(slurm), "SLURM_JOB_GPUS", tuple(slurm))
-    lws = env_int(ctx, "LOCAL_WORLD_SIZE")
+    lws = ctx.env_int("LOCAL_WORLD_SIZE")
     if lws is not None and lws > 0:
         return ExpectedGpus(lws, "LOCAL_WORLD_SIZE")
     return ExpectedGpus(None, "")

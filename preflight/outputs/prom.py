@@ -12,6 +12,7 @@ measured values nobody has measured yet (bandwidth, /dev/shm size) are NaN, neve
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -31,6 +32,7 @@ from prometheus_client.registry import Collector
 
 from preflight import __version__
 from preflight.checks.gpu_visible import NAME as GPU_VISIBLE
+from preflight.checks.memlock import NAME as MEMLOCK
 from preflight.checks.shm import NAME as SHM
 from preflight.config import ConfigError
 from preflight.model import Report, Result, Status
@@ -129,6 +131,14 @@ def gpu_counts(result: Result | None) -> tuple[float, float]:
     return visible, _detail(result, "expected")
 
 
+def memlock_limit(result: Result | None) -> float:
+    """The ``memlock`` check's soft limit in bytes: +Inf when unlimited, NaN when not checked."""
+    if result is None or result.status is Status.SKIP or "soft_bytes" not in result.details:
+        return NAN
+    soft = _number(result.details["soft_bytes"])
+    return math.inf if result.details["soft_bytes"] is None else soft if soft is not None else NAN
+
+
 class ReportCollector(Collector):
     """A custom collector: ``collect()`` yields metric families from ``source()``'s snapshot."""
 
@@ -191,6 +201,10 @@ class ReportCollector(Collector):
         yield GaugeMetricFamily("preflight_shm_free_bytes",
                                 "Free space in /dev/shm; NaN if unknown.",
                                 value=_detail(shm, "free_bytes"))
+        yield GaugeMetricFamily(
+            "preflight_memlock_limit_bytes",
+            "Locked-memory limit (ulimit -l) on a node with RDMA ports; +Inf = unlimited; NaN "
+            "when not checked (no RDMA port).", value=memlock_limit(results.get(MEMLOCK)))
         visible, expected = gpu_counts(results.get(GPU_VISIBLE))
         yield GaugeMetricFamily("preflight_gpu_visible", "GPUs NVML sees and that answer; NaN if "
                                 "unknown.", value=visible)

@@ -214,3 +214,14 @@ def test_golden_metrics(update_golden: bool) -> None:
     if update_golden:
         GOLDEN_METRICS.write_text(text)
     assert text == GOLDEN_METRICS.read_text(), "run pytest --update-golden and review the diff"
+
+
+def test_memlock_limit_gauge() -> None:
+    def limit(result: Result) -> float:
+        return scrape(Report(results=(result,)))["preflight_memlock_limit_bytes"]
+
+    assert limit(Result("memlock", Status.PASS, "MemlockUnlimited", "ok",
+                        details={"soft_bytes": None, "hard_bytes": None})) == math.inf
+    assert limit(Result("memlock", Status.WARN, "MemlockLimited", "small",
+                        details={"soft_bytes": 65536, "hard_bytes": 65536})) == 65536
+    assert math.isnan(limit(Result("memlock", Status.SKIP, "NoRdma", "no RDMA")))

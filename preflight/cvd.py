@@ -4,7 +4,7 @@ Pure functions: :func:`parse` turns the text into entries, :func:`resolve` walks
 :class:`~preflight.probes.gpu.GpuSnapshot` and says which devices CUDA will really expose, in which
 order, and why it stopped where it stopped.
 
-The rules (nccl.md section 5; CUDA Programming Guide, "CUDA_VISIBLE_DEVICES"; the MIG user guide):
+The rules (CUDA Programming Guide, "CUDA_VISIBLE_DEVICES"; the MIG user guide):
 
 - Unset: every GPU. Empty string: none.
 - Comma-separated entries: integer indices, ``GPU-<uuid>`` or a unique prefix of it (the "GPU-"
@@ -21,7 +21,8 @@ The rules (nccl.md section 5; CUDA Programming Guide, "CUDA_VISIBLE_DEVICES"; th
 - An index i counts in CUDA's enumeration order: ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` is PCI bus
   order; the default FASTEST_FIRST equals PCI order only when all GPUs are the same model. Each
   entry is therefore mapped to an NVML device by UUID or PCI bus id, never by NVML index.
-- In a Slurm prolog the variable holds physical (NVML) indices (ecosystem.md section 1).
+- In a Slurm prolog the variable holds physical (NVML) indices (Slurm docs, "Prolog and Epilog
+  Guide").
 
 Facts that no document states and that were taken from PyTorch's / nvitop's model of the driver
 (strtoul indices, kind mixing, duplicates) are named as such in the messages; docs/checks.md gives
@@ -261,7 +262,7 @@ def resolve(parsed: Parsed, snapshot: GpuSnapshot, *, device_order: str | None =
         snapshot: NVML's view of the node (must be ``available``).
         device_order: the value of CUDA_DEVICE_ORDER (None = unset = FASTEST_FIRST).
         physical_indices: read indices as NVML indices (a Slurm prolog runs outside the job's
-            device cgroup, ecosystem.md section 1).
+            device cgroup, Slurm docs, "Prolog and Epilog Guide").
     """
     order = ORDER_PCI if device_order == ORDER_PCI else ORDER_FASTEST
     ordered, order_guess = cuda_order(snapshot.gpus, order)

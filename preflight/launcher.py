@@ -1,7 +1,7 @@
 """torchrun / env:// / Slurm variables: detected, read as integers the way torch reads them, judged.
 
 Pure: :func:`analyse` takes an environment mapping and returns what launcher it sees and every
-problem found, each with a remedy. Facts (nccl.md section 4; torch/distributed/rendezvous.py;
+problem found, each with a remedy. Facts (torch/distributed/rendezvous.py;
 torch/distributed/run.py; Slurm srun(1) "OUTPUT ENVIRONMENT VARIABLES"):
 
 - torchrun sets LOCAL_RANK, RANK, GROUP_RANK, ROLE_RANK, LOCAL_WORLD_SIZE, WORLD_SIZE,

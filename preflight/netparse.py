@@ -3,7 +3,7 @@
 Nothing here touches the system: each function takes strings (and plain data gathered by
 ``preflight/probes/net.py``) and returns plain data, so every rule is tested on literal strings.
 
-Sources (``../shared/reference/nccl.md`` section 3; NCCL src/misc/utils.cc ``parseStringList`` /
+Sources (NCCL docs, "Environment Variables"; NCCL src/misc/utils.cc ``parseStringList`` /
 ``matchIfList``, src/misc/socket.cc ``findInterfaces`` / ``ncclFindInterfaces``):
 
 * ``NCCL_SOCKET_IFNAME``: a leading ``^`` makes an exclude list, then a leading ``=`` makes the
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 #: NCCL's MAX_IFS: tokens read from a list, and interfaces used by the socket transport.
 MAX_IFS = 16
-#: torchrun's default --master-port (nccl.md section 4).
+#: torchrun's default --master-port (torch.distributed docs).
 DEFAULT_MASTER_PORT = 29500
 
 

@@ -1,6 +1,7 @@
 """``allreduce``: a timed all-reduce over the node's GPUs is fast enough, exact, and never hangs.
 
-What: the same test as ``preflight bench`` (nccl-tests method, nccl.md section 1) with NCCL over
+What: the same test as ``preflight bench`` (nccl-tests' method, its doc/PERFORMANCE.md) with NCCL
+over
 every visible GPU, judged at the largest size against ``min_busbw_gbps`` or the built-in table per
 GPU model and count (FAIL below 0.9 x expected); the link efficiency against NVML's link figures.
 

@@ -8,7 +8,7 @@ LOCAL_RANK < visible GPUs and LOCAL_WORLD_SIZE <= visible GPUs.
 
 Why: a wrong CUDA_VISIBLE_DEVICES fails late and obscurely. ``device_ids=[rank]`` or a physical GPU
 number where the remapped local rank belongs gives "RuntimeError: CUDA error: invalid device
-ordinal" (the article, sections 1.1 and 2.3); "0,-1,1" silently hides GPU 1 (CUDA stops at the
+ordinal"; "0,-1,1" silently hides GPU 1 (CUDA stops at the
 invalid entry, nccl.md section 5); a GPU listed twice leaves CUDA with no device, and NCCL says
 "Duplicate GPU detected"; on a node of mixed GPU models CUDA's default FASTEST_FIRST order is not
 nvidia-smi's, so index 0 may be another card than intended.
@@ -20,7 +20,7 @@ GPU (``gpu_visible`` judges that); without NVML the text alone is judged (WARN) 
 
 Knobs: ``expect_gpus`` (0 skips the check). Environment read: CUDA_VISIBLE_DEVICES,
 CUDA_DEVICE_ORDER, LOCAL_RANK, LOCAL_WORLD_SIZE, SLURM_SCRIPT_CONTEXT (a prolog sees physical
-indices, ecosystem.md section 1).
+indices, Slurm docs, "Prolog and Epilog Guide").
 """
 
 from __future__ import annotations

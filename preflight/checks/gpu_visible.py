@@ -2,8 +2,7 @@
 
 Why: a GPU that fell off the bus, a pending row remap or an uncorrectable ECC error makes NCCL or
 CUDA fail minutes into a job ("unhandled cuda error", Xid 79/48/63); a PCIe link trained at x8 or an
-NVLink down halves the all-reduce and turns one node into the straggler of the whole job (the
-article, section 6.2: the slow rank on a card sharing PCIe bandwidth).
+NVLink down halves the all-reduce and turns one node into the straggler of the whole job.
 
 Verifies:
 - the GPU count against the expectation: ``expect_gpus`` (exact), else the job's ``SLURM_JOB_GPUS``

@@ -1,11 +1,12 @@
 """``network``: the NICs NCCL and gloo will use, and whether they reach rank 0.
 
-What: predicts, exactly as NCCL does (nccl.md section 3), which interfaces ``NCCL_SOCKET_IFNAME``
+What: predicts, exactly as NCCL does (NCCL docs, "Environment Variables"), which interfaces
+``NCCL_SOCKET_IFNAME``
 selects (or NCCL's own choice when it is unset), the bootstrap interface (the first), the RDMA
 ports ``NCCL_IB_HCA`` selects, and the interfaces ``GLOO_SOCKET_IFNAME`` names. For a multi-node
 job it asks the kernel which interface reaches MASTER_ADDR and compares.
 
-Why: the article (section 3.2): "NCCL may pick the wrong NIC" -- a management NIC instead of the
+Why: "NCCL may pick the wrong NIC" -- a management NIC instead of the
 data NIC makes training slow, an interface that cannot reach rank 0 makes it hang in
 "Initialization timed out"; ``NCCL_SOCKET_IFNAME="eth0, eth1"`` silently drops eth1 because NCCL
 does not trim blanks; ``NCCL_IB_HCA=mlx5_1`` also takes mlx5_10..mlx5_19. Every node must reach

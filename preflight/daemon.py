@@ -42,8 +42,8 @@ import yaml
 
 from preflight.bench.gate import blocker
 from preflight.checks.allreduce import NAME as ALLREDUCE_CHECK
-from preflight.config import Config, ConfigError
-from preflight.model import Report, Result, Status
+from preflight.core.config import Config, ConfigError
+from preflight.core.result import Report, Result, Status
 from preflight.outputs.prom import DaemonStats, MetricsSnapshot, render
 from preflight.probes.gpu import GpuSnapshot
 
@@ -466,7 +466,7 @@ class Daemon:
             if self._gpus is not None:
                 snap = self._gpus()
             else:
-                from preflight.context import make_context
+                from preflight.core.context import make_context
 
                 snap = make_context(self.config, env=self._env, root=self.root).gpus()
         except Exception as exc:

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from preflight.config import Config
-from preflight.context import Context
+from preflight.core.config import Config
+from preflight.core.context import Context
 from preflight.probes.gpu import FixtureGpuProbe, GpuSnapshot
 from preflight.probes.net import NetProbe
 from tests import topologies

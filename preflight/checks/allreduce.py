@@ -18,8 +18,8 @@ Knobs: ``min_busbw_gbps`` (None = table), ``bench_min_bytes`` (1 MiB), ``bench_m
 
 from __future__ import annotations
 
-from preflight.context import Context, activity
-from preflight.model import Result, Status
+from preflight.core.context import Context, activity
+from preflight.core.result import Result, Status
 
 NAME = "allreduce"
 #: The runner's deadline sits behind the test's own, so the test names the stalled rank itself.

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from preflight.context import Context
-from preflight.model import Result
+from preflight.core.context import Context
+from preflight.core.result import Result
 
 
 @dataclass(frozen=True)

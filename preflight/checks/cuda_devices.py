@@ -1,7 +1,8 @@
 """``cuda_devices``: what CUDA will really see through CUDA_VISIBLE_DEVICES, and whether the local
 ranks fit in it.
 
-What: reads CUDA_VISIBLE_DEVICES exactly as CUDA does (:mod:`preflight.cvd`: indices, GPU UUIDs and
+What: reads CUDA_VISIBLE_DEVICES exactly as CUDA does (:mod:`preflight.jobenv.cuda_visible`:
+indices, GPU UUIDs and
 unique UUID prefixes, MIG, enumeration stopping at the first invalid entry, duplicates), maps every
 entry to an NVML GPU by UUID or PCI bus id (never by NVML index), and checks that
 LOCAL_RANK < visible GPUs and LOCAL_WORLD_SIZE <= visible GPUs.
@@ -28,9 +29,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from preflight import cvd
-from preflight.context import Context, activity
-from preflight.model import Finding, Result, Scope, Status, fold
+from preflight.core.context import Context, activity
+from preflight.core.result import Finding, Result, Scope, Status, fold
+from preflight.jobenv import cuda_visible
 from preflight.probes.gpu import GpuSnapshot
 
 NAME = "cuda_devices"
@@ -54,14 +55,14 @@ def _shown(raw: str | None) -> str:
     return "CUDA_VISIBLE_DEVICES unset" if raw is None else f"CUDA_VISIBLE_DEVICES={raw}"
 
 
-def _listed(devices: Sequence[cvd.Device]) -> str:
+def _listed(devices: Sequence[cuda_visible.Device]) -> str:
     """'cuda:0 = GPU 0 (0000:18:00.0), ...' for the first few devices."""
     parts = [f"cuda:{d.cuda_index} = {d.describe()}" for d in devices[:SHOW_DEVICES]]
     more = f", ... ({len(devices)} in all)" if len(devices) > SHOW_DEVICES else ""
     return ", ".join(parts) + more
 
 
-def _sees(devices: Sequence[cvd.Device]) -> str:
+def _sees(devices: Sequence[cuda_visible.Device]) -> str:
     """'sees only GPU 0 (0000:18:00.0)' / 'sees 8 GPUs: ...' / 'sees no GPU'."""
     if not devices:
         return "sees no GPU"
@@ -70,11 +71,11 @@ def _sees(devices: Sequence[cvd.Device]) -> str:
     return f"sees {len(devices)} GPUs: {_listed(devices)}"
 
 
-def _entries_text(entries: Sequence[cvd.Entry]) -> str:
+def _entries_text(entries: Sequence[cuda_visible.Entry]) -> str:
     return ", ".join(repr(e.raw) for e in entries)
 
 
-def _suggest(parsed: cvd.Parsed, snap: GpuSnapshot, skip: cvd.Entry | None, *,
+def _suggest(parsed: cuda_visible.Parsed, snap: GpuSnapshot, skip: cuda_visible.Entry | None, *,
              order: str | None, physical: bool) -> str:
     """A value without the offending entry, if that one resolves cleanly; else ''."""
     entries = parsed.entries or ()
@@ -86,13 +87,14 @@ def _suggest(parsed: cvd.Parsed, snap: GpuSnapshot, skip: cvd.Entry | None, *,
     if not keep:
         return ""
     value = ",".join(keep)
-    res = cvd.resolve(cvd.parse(value), snap, device_order=order, physical_indices=physical)
+    res = cuda_visible.resolve(cuda_visible.parse(value), snap, device_order=order,
+                               physical_indices=physical)
     if res.stop or res.duplicate or not res.devices:
         return ""
     return f"export CUDA_VISIBLE_DEVICES={value}"
 
 
-def _uuid_without_prefix(entry: cvd.Entry, snap: GpuSnapshot) -> str:
+def _uuid_without_prefix(entry: cuda_visible.Entry, snap: GpuSnapshot) -> str:
     """'GPU 1 (GPU-11a0...)' when ``entry`` is the start of a GPU UUID written without 'GPU-'."""
     text = entry.raw.strip().lower()
     if not entry.looks_like_bare_uuid:
@@ -101,7 +103,8 @@ def _uuid_without_prefix(entry: cvd.Entry, snap: GpuSnapshot) -> str:
     return f"GPU {hits[0].index} ({hits[0].uuid})" if len(hits) == 1 else ""
 
 
-def _without_nvml(parsed: cvd.Parsed, snap: GpuSnapshot, details: dict[str, Any]) -> Result:
+def _without_nvml(parsed: cuda_visible.Parsed, snap: GpuSnapshot,
+                  details: dict[str, Any]) -> Result:
     why = snap.error or "NVML not available"
     shown = _shown(parsed.raw)
     if parsed.unset:
@@ -113,7 +116,7 @@ def _without_nvml(parsed: cvd.Parsed, snap: GpuSnapshot, details: dict[str, Any]
                       f"{shown} (empty): CUDA sees no GPU ({why})",
                       "unset CUDA_VISIBLE_DEVICES to use every GPU, or list them: "
                       "export CUDA_VISIBLE_DEVICES=0,1,...", details=details, scope=JOB)
-    stop, dup = cvd.text_problems(parsed)
+    stop, dup = cuda_visible.text_problems(parsed)
     if dup is not None:
         return Result(NAME, Status.WARN, "CvdDuplicate",
                       f"{shown}: entries {dup[0].position} and {dup[1].position} ({dup[0].raw!r})"
@@ -142,7 +145,7 @@ def run(ctx: Context) -> Result:
     if ctx.config.expect_gpus == 0:
         return Result(NAME, Status.SKIP, "NoGpuExpected",
                       "expect_gpus is 0 (CPU-only node): CUDA devices not checked", details=details)
-    parsed = cvd.parse(raw)
+    parsed = cuda_visible.parse(raw)
     with activity("NVML query"):
         snap = ctx.gpus()
     if not snap.available:
@@ -152,8 +155,8 @@ def run(ctx: Context) -> Result:
                       f"NVML reports no usable GPU; nothing for {_shown(raw)} to select "
                       "(gpu_visible judges the GPU count)", details=details)
 
-    order = order_raw if order_raw in (cvd.ORDER_PCI, cvd.ORDER_FASTEST) else None
-    res = cvd.resolve(parsed, snap, device_order=order, physical_indices=prolog)
+    order = order_raw if order_raw in (cuda_visible.ORDER_PCI, cuda_visible.ORDER_FASTEST) else None
+    res = cuda_visible.resolve(parsed, snap, device_order=order, physical_indices=prolog)
     details["visible"] = [d.to_json() for d in res.devices]
     details["visible_count"] = len(res.devices)
     details["device_order"] = res.order
@@ -277,7 +280,8 @@ def run(ctx: Context) -> Result:
                 summary=_summary(res, shown, local_rank, prolog=prolog), details=details)
 
 
-def _summary(res: cvd.Resolution, shown: str, local_rank: int | None, *, prolog: bool) -> str:
+def _summary(res: cuda_visible.Resolution, shown: str, local_rank: int | None, *,
+             prolog: bool) -> str:
     n = len(res.devices)
     text = f"{shown}: CUDA {_sees(res.devices)}"
     if res.parsed.unset and n:

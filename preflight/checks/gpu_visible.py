@@ -20,8 +20,8 @@ without peers, e.g. one H200 in a VM, is fine).
 from __future__ import annotations
 
 from preflight.checks.job_gpus import expected_gpus
-from preflight.context import Context
-from preflight.model import Finding, Result, Scope, Status, fold
+from preflight.core.context import Context
+from preflight.core.result import Finding, Result, Scope, Status, fold
 from preflight.probes.gpu import Gpu, GpuSnapshot
 
 NAME = "gpu_visible"

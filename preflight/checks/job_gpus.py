@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from preflight.context import Context
-from preflight.launcher import slurm_job_gpus
+from preflight.core.context import Context
+from preflight.jobenv.launcher import slurm_job_gpus
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK; Slurm: SLURM_JOB_ID, SLURM_PROCID, SLU
 variables it must set are present and read as integers the way torch reads them (``int()``), and
 they agree: 0 <= RANK < WORLD_SIZE, 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE <= WORLD_SIZE,
 0 <= GROUP_RANK < GROUP_WORLD_SIZE, MASTER_PORT in 1..65535, SLURM_PROCID < SLURM_NTASKS ...
-(pure logic in :mod:`preflight.launcher`). MASTER_ADDR and MASTER_PORT are judged by
+(pure logic in :mod:`preflight.jobenv.launcher`). MASTER_ADDR and MASTER_PORT are judged by
 ``master_port`` alone.
 
 Why: without RANK, init_process_group("env://") dies with "Invalid environment variable: RANK"
@@ -25,9 +25,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from preflight import launcher
-from preflight.context import Context
-from preflight.model import Result, Status, fold
+from preflight.core.context import Context
+from preflight.core.result import Result, Status, fold
+from preflight.jobenv import launcher
 
 NAME = "launcher_env"
 

@@ -26,9 +26,9 @@ import ipaddress
 import socket
 from typing import Any
 
-from preflight.context import Context, activity
-from preflight.model import Result, Scope, Status
-from preflight.netparse import ParseError, parse_master_addr, parse_master_port
+from preflight.core.context import Context, activity
+from preflight.core.result import Result, Scope, Status
+from preflight.jobenv.netvars import ParseError, parse_master_addr, parse_master_port
 
 NAME = "master_port"
 #: Deadline of the --probe-master TCP connect, seconds.

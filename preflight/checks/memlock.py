@@ -18,11 +18,11 @@ port, or NCCL_IB_DISABLE on: NCCL registers no memory then). Knobs: none.
 
 from __future__ import annotations
 
-from preflight.context import Context
-from preflight.model import Finding, Result, Status, fold
-from preflight.netparse import nccl_flag
+from preflight.core.context import Context
+from preflight.core.result import Finding, Result, Status, fold
+from preflight.core.units import fmt_bytes
+from preflight.jobenv.netvars import nccl_flag
 from preflight.probes.limits import MemlockLimit, read_memlock
-from preflight.units import fmt_bytes
 
 NAME = "memlock"
 

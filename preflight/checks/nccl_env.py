@@ -7,7 +7,7 @@ sockets; a forced NCCL_ALGO/NCCL_PROTO overrides NCCL's tuning; TORCH_NCCL_ASYNC
 stops the watchdog from aborting a stuck collective, so a dead rank hangs the job instead of failing
 it (NCCL docs, "Environment Variables"; PyTorch docs, torch.distributed). NCCL splits comma lists
 without trimming, so "eth0, eth1" never matches eth1. On/off variables are read as NCCL reads them
-(an integer, non-zero = on: :func:`preflight.netparse.nccl_flag`). NCCL_SOCKET_IFNAME and
+(an integer, non-zero = on: :func:`preflight.jobenv.netvars.nccl_flag`). NCCL_SOCKET_IFNAME and
 NCCL_SOCKET_FAMILY belong to ``network``.
 
 Verdict: WARN per finding (scope: job), PASS listing the NCCL_* variables seen. No knobs.
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from preflight.context import Context
-from preflight.model import Finding, Result, Scope, Status, fold
-from preflight.netparse import nccl_flag
+from preflight.core.context import Context
+from preflight.core.result import Finding, Result, Scope, Status, fold
+from preflight.jobenv.netvars import nccl_flag
 
 NAME = "nccl_env"
 

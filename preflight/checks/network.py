@@ -30,9 +30,9 @@ import ipaddress
 import socket
 from typing import Any
 
-from preflight.context import Context
-from preflight.model import Finding, Result, Scope, Status, fold
-from preflight.netparse import (
+from preflight.core.context import Context
+from preflight.core.result import Finding, Result, Scope, Status, fold
+from preflight.jobenv.netvars import (
     IbSelection,
     ParseError,
     Selection,
@@ -88,7 +88,7 @@ def _can_reach(snap: NetSnapshot, name: str, family: int, target: str) -> bool:
         want = ipaddress.ip_address(target)
     except ValueError:
         return False
-    from preflight.netparse import in_subnet
+    from preflight.jobenv.netvars import in_subnet
 
     if any(fam == family and in_subnet(a, m, want) for fam, a, m in iface.addresses):
         return True
@@ -341,7 +341,7 @@ def run(ctx: Context) -> Result:
     sel = nccl_socket_selection(snap.entries, raw, family=family, comm_id_host=comm_host)
     bootstrap = sel.bootstrap
     if comm_host:
-        from preflight.netparse import subnet_match
+        from preflight.jobenv.netvars import subnet_match
 
         bootstrap = subnet_match(snap.entries, comm_host) or bootstrap
     details.update({

@@ -16,9 +16,9 @@ import os
 import uuid
 
 from preflight.checks.job_gpus import job_gpu_count
-from preflight.context import Context
-from preflight.model import Result, Status
-from preflight.units import fmt_bytes
+from preflight.core.context import Context
+from preflight.core.result import Result, Status
+from preflight.core.units import fmt_bytes
 
 NAME = "shm"
 #: Bytes of one NCCL SHM connection (NCCL's SHM transport allocates one per channel per peer).

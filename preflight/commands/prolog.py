@@ -31,9 +31,9 @@ from pathlib import Path
 
 from preflight.checks import CHECKS
 from preflight.cli import Formatter, add_config_options, build_context
-from preflight.config import ConfigError
-from preflight.model import Report, Scope, Status
-from preflight.runner import SelectionError, run_checks, select
+from preflight.core.config import ConfigError
+from preflight.core.result import Report, Scope, Status
+from preflight.core.runner import SelectionError, run_checks, select
 
 #: Slurm keeps reasons short in `sinfo -R`; longer ones are cut here, not by Slurm.
 MAX_REASON_CHARS = 200

@@ -34,8 +34,8 @@ from preflight import __version__
 from preflight.checks.gpu_visible import NAME as GPU_VISIBLE
 from preflight.checks.memlock import NAME as MEMLOCK
 from preflight.checks.shm import NAME as SHM
-from preflight.config import ConfigError
-from preflight.model import Report, Result, Status
+from preflight.core.config import ConfigError
+from preflight.core.result import Report, Result, Status
 
 NAN = float("nan")
 

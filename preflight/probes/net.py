@@ -30,7 +30,7 @@ from typing import Any, Protocol, TypeVar
 
 import psutil
 
-from preflight.netparse import IbPort, IfAddr, parse_ib_state
+from preflight.jobenv.netvars import IbPort, IfAddr, parse_ib_state
 
 T = TypeVar("T")
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from preflight.checks import CHECKS, allreduce
+from preflight.core.runner import select
 from preflight.probes.gpu import GpuSnapshot
-from preflight.runner import select
 from tests import topologies
 from tests.helpers import run_cli, write_fixture
 

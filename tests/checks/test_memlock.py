@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from preflight.checks.memlock import judge
-from preflight.model import Scope, Status
+from preflight.core.result import Scope, Status
 from preflight.probes.limits import MemlockLimit
 from tests.helpers import REPO
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from preflight.config import Config, ConfigError, from_env, load, load_file
+from preflight.core.config import Config, ConfigError, from_env, load, load_file
 
 
 def test_defaults_are_valid() -> None:

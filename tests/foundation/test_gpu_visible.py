@@ -3,7 +3,7 @@ from __future__ import annotations
 import dataclasses
 
 from preflight.checks import gpu_visible
-from preflight.model import Status
+from preflight.core.result import Status
 from tests import topologies
 from tests.conftest import MakeCtx
 

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preflight import launcher
 from preflight.checks import launcher_env
-from preflight.model import Result, Scope, Status
+from preflight.core.result import Result, Scope, Status
+from preflight.jobenv import launcher
 from tests.conftest import MakeCtx
 
 TORCHRUN_2x4 = {  # rank 6 of torchrun --nnodes=2 --nproc-per-node=4, on the second node
@@ -151,8 +151,8 @@ def test_any_environment_gives_a_verdict(env: dict[str, str]) -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.dictionaries(st.sampled_from(VARS), values, max_size=len(VARS)))
 def test_check_never_raises(env: dict[str, str]) -> None:
-    from preflight.config import Config
-    from preflight.context import Context
+    from preflight.core.config import Config
+    from preflight.core.context import Context
 
     r = launcher_env.run(Context(config=Config(), env=env))
     assert r.status in (Status.PASS, Status.SKIP, Status.WARN, Status.FAIL)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from preflight.model import ExitCode, Report, Result, Status, exit_code, worst
+from preflight.core.result import ExitCode, Report, Result, Status, exit_code, worst
 
 
 def test_statuses_order_worst_wins() -> None:
@@ -58,7 +58,7 @@ def test_a_node_whose_applicable_checks_passed_is_pass() -> None:
 
 
 def test_fold_lists_every_reason_worst_first_with_remedies_once() -> None:
-    from preflight.model import Finding, Scope, fold
+    from preflight.core.result import Finding, Scope, fold
 
     r = fold("x", [Finding(Status.WARN, "Slow", "slow.", "fix a"),
                    Finding(Status.FAIL, "Broken", "broken", "fix b", Scope.JOB),

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from preflight.checks import nccl_env
-from preflight.model import Scope, Status
+from preflight.core.result import Scope, Status
 from tests.conftest import MakeCtx
 
 

@@ -75,7 +75,7 @@ def test_healthy_node_and_warnings_do_not_drain(tmp_path: Path,
 
 def test_a_drain_reason_names_node_faults_only() -> None:
     from preflight.commands.prolog import drain_reason
-    from preflight.model import Report, Result, Scope, Status
+    from preflight.core.result import Report, Result, Scope, Status
 
     report = Report(results=(
         Result("cuda_devices", Status.FAIL, "CvdDuplicate", "x", scope=Scope.JOB),
@@ -120,7 +120,7 @@ def test_scontrol_failure_still_exits_1(tmp_path: Path) -> None:
 
 def test_long_reasons_are_cut() -> None:
     from preflight.commands.prolog import MAX_REASON_CHARS, drain_reason
-    from preflight.model import Report, Result, Status
+    from preflight.core.result import Report, Result, Status
 
     report = Report(results=tuple(Result(f"check{i}", Status.FAIL, "SomethingQuiteLongAndBad",
                                          "x") for i in range(30)))

@@ -6,9 +6,9 @@ import time
 import pytest
 
 from preflight.checks.base import Check
-from preflight.context import Context, activity
-from preflight.model import Result, Status
-from preflight.runner import SelectionError, run_checks, select
+from preflight.core.context import Context, activity
+from preflight.core.result import Result, Status
+from preflight.core.runner import SelectionError, run_checks, select
 from tests.conftest import MakeCtx
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from preflight.checks import shm
-from preflight.model import Status
+from preflight.core.result import Status
 from tests.conftest import MakeCtx
 from tests.helpers import REPO
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from preflight.checks import master_port
-from preflight.model import Status
+from preflight.core.result import Status
 from tests.conftest import MakeCtx
 from tests.net.conftest import REPO
 

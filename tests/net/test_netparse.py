@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preflight.netparse import (
+from preflight.jobenv.netvars import (
     IbPort,
     IfAddr,
     ParseError,

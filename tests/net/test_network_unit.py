@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from preflight.checks import network
-from preflight.model import Scope, Status
+from preflight.core.result import Scope, Status
 from preflight.probes.net import FixtureNetProbe, NetIf, make_snapshot
 from tests.conftest import MakeCtx
 

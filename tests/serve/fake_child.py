@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 from preflight.checks.base import Check
-from preflight.config import Config
-from preflight.context import Context
-from preflight.model import Result, Status
-from preflight.runner import run_checks
+from preflight.core.config import Config
+from preflight.core.context import Context
+from preflight.core.result import Result, Status
+from preflight.core.runner import run_checks
 
 
 def alpha(ctx: Context) -> Result:

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preflight.config import ConfigError
-from preflight.model import Report, Result, Scope, Status
+from preflight.core.config import ConfigError
+from preflight.core.result import Report, Result, Scope, Status
 from preflight.outputs.prom import DaemonStats, MetricsSnapshot, render, write_textfile
 from tests.serve.conftest import REPO, fixture_file, samples
 

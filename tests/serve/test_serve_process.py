@@ -60,7 +60,7 @@ def test_the_daemon_never_imports_torch(serve: Serve) -> None:
     assert "/torch/" not in maps
     # And in Python terms: building the CLI and a daemon loads no torch module.
     code = ("import sys; from preflight.cli import build_parser; build_parser(); "
-            "from preflight.daemon import Daemon; from preflight.config import Config; "
+            "from preflight.daemon import Daemon; from preflight.core.config import Config; "
             "Daemon(Config()); print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60, check=True)

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from preflight import fingerprint as fpm
 from preflight.checks import CHECKS, versions
-from preflight.model import Status
-from preflight.runner import run_checks, select
+from preflight.core.result import Status
+from preflight.core.runner import run_checks, select
+from preflight.probes import fingerprint as fpm
 from tests import topologies
 from tests.conftest import MakeCtx
 

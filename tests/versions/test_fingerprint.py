@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preflight import fingerprint as fpm
+from preflight.probes import fingerprint as fpm
 
 # --------------------------------------------------------------------------- hash_path
 

@@ -20,7 +20,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from preflight.model import Finding, Scope, Status
+from preflight.core.result import Finding, Scope, Status
 
 #: Variables torchrun sets for every worker (torch/distributed/elastic/agent/server/api.py).
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",

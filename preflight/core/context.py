@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from preflight.config import Config
+from preflight.core.config import Config
 from preflight.probes.gpu import FixtureFileGpuProbe, GpuProbe, GpuSnapshot
 from preflight.probes.net import IbSnapshot, NetProbe, NetSnapshot
 
@@ -75,7 +75,7 @@ class Context:
     def env_int(self, name: str) -> int | None:
         """``int(env[name])`` as torch reads it; None when unset, empty or not an integer
         (``launcher_env`` reports that)."""
-        from preflight.launcher import read_int
+        from preflight.jobenv.launcher import read_int
 
         return read_int(self.env.get(name))
 

@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from preflight import __version__
-from preflight.context import Context, activity
+from preflight.core.context import Context, activity
+from preflight.core.units import fmt_bytes
 from preflight.probes import pyenv
-from preflight.units import fmt_bytes
 
 FINGERPRINT_VERSION = 1
 #: Keys outside the canonical part (not hashed, not compared).

@@ -17,8 +17,8 @@ from typing import Any
 
 from preflight import __version__
 from preflight.checks.base import Check
-from preflight.context import Context, waiting_on
-from preflight.model import Report, Result, Scope, Status
+from preflight.core.context import Context, waiting_on
+from preflight.core.result import Report, Result, Scope, Status
 
 log = logging.getLogger(__name__)
 

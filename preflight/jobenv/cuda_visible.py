@@ -37,8 +37,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from preflight.pci import normalize_bus_id
 from preflight.probes.gpu import Gpu, GpuSnapshot, MigInstance
+from preflight.probes.pci import normalize_bus_id
 
 ORDER_PCI = "PCI_BUS_ID"
 ORDER_FASTEST = "FASTEST_FIRST"

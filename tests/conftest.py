@@ -11,6 +11,9 @@ from preflight.probes.gpu import FixtureGpuProbe, GpuSnapshot
 from preflight.probes.net import NetProbe
 from tests import topologies
 
+# Fixtures of the real-venv helpers, for the versions tests in checks/, commands/ and probes/.
+from tests.venvs import make_venv, node_python, nvml_fixture  # noqa: F401
+
 MakeCtx = Callable[..., Context]
 
 

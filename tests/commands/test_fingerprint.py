@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from preflight.cli import main
-from tests.versions.conftest import MakeVenv, run_cli
+from tests.venvs import MakeVenv, run_cli
 
 
 def test_fingerprint_json_of_another_interpreter(node_python: Path, nvml_fixture: Path,

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from preflight.probes import pyenv
-from tests.versions.conftest import NODE_PACKAGES, MakeVenv, build_fake_nccl
+from tests.venvs import NODE_PACKAGES, MakeVenv, build_fake_nccl
 
 WATCHED = ["torch", "numpy", "scikit-learn", "deepspeed"]
 
@@ -87,7 +87,7 @@ def test_foreign_interpreter(node_python: Path) -> None:
 
 def test_foreign_ignores_pythonpath(node_python: Path, tmp_path: Path) -> None:
     """-I: preflight's own PYTHONPATH does not leak packages into the training venv's answer."""
-    from tests.versions.conftest import add_dist
+    from tests.venvs import add_dist
 
     add_dist(tmp_path, "deepspeed", "0.14.0")
     env = pyenv.gather_foreign(str(node_python), WATCHED, timeout_s=20,

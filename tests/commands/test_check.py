@@ -26,6 +26,26 @@ def test_pass_exits_0(h100: Path) -> None:
     assert {r["check"] for r in data["results"]} == {"gpu_visible", "nccl_env"}
 
 
+def test_a_healthy_node_with_skipped_checks_is_pass(h100: Path) -> None:
+    """#14 point 2: outside a job launcher_env and master_port SKIP; the node is still PASS, in the
+    JSON, in the table footer and in the exit code. SKIP only when nothing applied."""
+    only = ["check", "--only", "gpu_visible,launcher_env,master_port"]
+    rc, data = cli_json(only, fixture=h100)
+    assert [r["status"] for r in data["results"]] == ["pass", "skip", "skip"]
+    assert (rc, data["status"]) == (0, "pass")
+    table = run_cli(only, fixture=h100)
+    assert table.stdout.rstrip().splitlines()[-1].endswith(": PASS (1 pass, 2 skip)")
+    rc, data = cli_json(["check", "--only", "launcher_env,master_port"], fixture=h100)
+    assert (rc, data["status"]) == (0, "skip")
+
+
+def test_a_job_fault_exits_1_and_says_whose_fault(h100: Path) -> None:
+    rc, data = cli_json(["check", "--only", "cuda_devices"], fixture=h100,
+                        env={"CUDA_VISIBLE_DEVICES": "0,1,0"})
+    assert (rc, data["status"]) == (1, "fail")
+    assert (data["results"][0]["reason"], data["results"][0]["scope"]) == ("CvdDuplicate", "job")
+
+
 def test_warn_exits_0_and_strict_turns_it_into_1(h100: Path) -> None:
     env = {"NCCL_P2P_DISABLE": "1"}
     rc, data = cli_json(["check", "--only", "nccl_env"], fixture=h100, env=env)

@@ -13,6 +13,8 @@ from preflight.jobenv.netvars import (
     IfAddr,
     ParseError,
     is_multi_node,
+    nccl_flag,
+    nccl_int,
     nccl_socket_selection,
     parse_comm_id,
     parse_if_list,
@@ -209,3 +211,27 @@ def test_value_parsers_raise_only_parse_error(value: str) -> None:
             assert str(exc)
     select_ib(IB_PORTS, value)
     socket_family(value)
+
+
+@given(st.integers(min_value=-(2**62), max_value=2**62))
+def test_nccl_int_reads_decimal_hex_and_octal_as_strtoll(n: int) -> None:
+    sign = "-" if n < 0 else ""
+    assert nccl_int(str(n)) == n
+    assert nccl_int(f"{sign}0x{abs(n):x}") == n
+    assert nccl_int(f"{sign}0{abs(n):o}") == n
+    assert nccl_int(f"  {n}") == n  # strtoll skips leading blanks
+    assert nccl_flag(str(n)) is (n != 0)
+
+
+@given(st.text(max_size=12))
+def test_nccl_int_never_raises_and_rejects_what_strtoll_would_not_consume(text: str) -> None:
+    value = nccl_int(text)
+    if value is None:
+        assert nccl_flag(text, default=True) is True  # NCCL keeps its default
+    else:
+        assert text.strip() != "" and not text.endswith((" ", "\t", "\n"))
+
+
+@pytest.mark.parametrize("text", ["yes", "true", "on", "1 ", "1x", "08", "0x", "", "+", " "])
+def test_nccl_flag_words_are_not_numbers(text: str) -> None:
+    assert nccl_int(text) is None and nccl_flag(text) is False

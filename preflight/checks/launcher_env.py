@@ -4,9 +4,9 @@ What: once a launcher is detected (torchrun: TORCHELASTIC_RUN_ID; env://: any of
 WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK; Slurm: SLURM_JOB_ID, SLURM_PROCID, SLURM_STEP_ID), the
 variables it must set are present and read as integers the way torch reads them (``int()``), and
 they agree: 0 <= RANK < WORLD_SIZE, 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE <= WORLD_SIZE,
-0 <= GROUP_RANK < GROUP_WORLD_SIZE, MASTER_PORT in 1..65535, SLURM_PROCID < SLURM_NTASKS ...
-(pure logic in :mod:`preflight.jobenv.launcher`). MASTER_ADDR and MASTER_PORT are judged by
-``master_port`` alone.
+0 <= GROUP_RANK < GROUP_WORLD_SIZE, SLURM_PROCID < SLURM_NTASKS ...
+(pure logic in :mod:`preflight.jobenv.launcher`). The values of MASTER_ADDR and MASTER_PORT
+are judged by ``master_port`` alone (this check only wants them present).
 
 Why: without RANK, init_process_group("env://") dies with "Invalid environment variable: RANK"
 (launch with torchrun, or pass rank= and world_size=; PyTorch docs, "Environment variable
@@ -54,7 +54,10 @@ def run(ctx: Context) -> Result:
                       f"Slurm prolog of job {ctx.env.get('SLURM_JOB_ID', '?')}: ranks do not "
                       "exist yet, launcher variables are checked inside the job", details=details)
     names = " + ".join(x.value for x in found.launchers)
-    shown = ", ".join(f"{k}={found.ints[k]}" for k in _SHOWN if k in found.ints)
+    values: dict[str, object] = {**found.ints}
+    if "MASTER_PORT" in ctx.env:  # shown as given; master_port judges it
+        values["MASTER_PORT"] = ctx.env["MASTER_PORT"]
+    shown = ", ".join(f"{k}={values[k]}" for k in _SHOWN if k in values)
     addr = ctx.env.get("MASTER_ADDR")
     where = f", MASTER_ADDR={addr}" if addr else ""
     result = fold(NAME, found.issues, ok_reason="LauncherOk", summary=f"{names}: {shown}{where}",

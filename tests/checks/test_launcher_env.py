@@ -65,7 +65,6 @@ def test_empty_rank_counts_as_unset(make_ctx: MakeCtx) -> None:
     ({"GROUP_RANK": "2"}, "LauncherVarOutOfRange", "GROUP_RANK=2 violates"),
     ({"WORLD_SIZE": "0"}, "LauncherVarOutOfRange", "WORLD_SIZE=0 violates WORLD_SIZE >= 1"),
     ({"RANK": "six"}, "LauncherVarNotInteger", "RANK='six' is not an integer"),
-    ({"MASTER_PORT": "29500x"}, "LauncherVarNotInteger", "MASTER_PORT='29500x'"),
     ({"LOCAL_WORLD_SIZE": "16", "LOCAL_RANK": "2", "GROUP_WORLD_SIZE": "1"},
      "LauncherVarOutOfRange", "LOCAL_WORLD_SIZE=16 is larger than WORLD_SIZE=8"),
 ])
@@ -76,9 +75,9 @@ def test_bad_torchrun_values_fail(make_ctx: MakeCtx, change: dict[str, str], rea
     assert text in r.message
 
 
-@pytest.mark.parametrize("port", ["70000", "0"])
+@pytest.mark.parametrize("port", ["70000", "0", "29500x"])
 def test_master_port_range_is_left_to_master_port(make_ctx: MakeCtx, port: str) -> None:
-    """One fault, one owner: master_port reports MASTER_PORT outside 1..65535, not this check."""
+    """One fault, one owner: master_port reports a bad MASTER_PORT, not this check."""
     r = check(make_ctx, {**TORCHRUN_2x4, "MASTER_PORT": port})
     assert (r.status, r.reason) == (Status.PASS, "LauncherOk")
 

@@ -6,7 +6,8 @@ NVLink down halves the all-reduce and turns one node into the straggler of the w
 
 Verifies:
 - the GPU count against the expectation: ``expect_gpus`` (exact), else the job's ``SLURM_JOB_GPUS``
-  (those physical indices must exist), else ``LOCAL_WORLD_SIZE`` (at least that many), else >= 1;
+  (those physical indices must exist), else >= 1 (``LOCAL_WORLD_SIZE`` against the GPUs is the
+  job's setting: ``cuda_devices`` judges it against what CUDA will expose);
 - every NVIDIA GPU on the PCI bus is enumerated by NVML (one missing has fallen off the bus);
 - per GPU: answers at all, no pending row remap or remap failure, no uncorrectable volatile ECC
   error, compute mode not PROHIBITED (no CUDA context possible), no hardware slowdown, PCIe link
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from preflight.checks.job_gpus import expected_gpus
 from preflight.core.context import Context
-from preflight.core.result import Finding, Result, Scope, Status, fold
+from preflight.core.result import Finding, Result, Status, fold
 from preflight.probes.gpu import Gpu, GpuSnapshot
 
 NAME = "gpu_visible"
@@ -136,14 +137,8 @@ def _expected(ctx: Context, snap: GpuSnapshot) -> tuple[list[Finding], str]:
                             f"the job was given GPUs {','.join(map(str, slurm))} (SLURM_JOB_GPUS) "
                             f"but NVML sees only {count}", _count_remedy())], "SLURM_JOB_GPUS"
         return [], f"{len(slurm)} given by Slurm"
-    if want.source == "LOCAL_WORLD_SIZE" and n is not None:
-        if count < n:
-            return [Finding(Status.FAIL, "GpuCountMismatch",
-                            f"LOCAL_WORLD_SIZE={n} but NVML sees only {count} GPU(s)",
-                            f"Start at most {count} local processes (torchrun "
-                            f"--nproc-per-node={count}), or run the job on a node with {n} "
-                            "GPUs.", scope=Scope.JOB)], f">= {n} (LOCAL_WORLD_SIZE)"
-        return [], f">= {n} for LOCAL_WORLD_SIZE"
+    # LOCAL_WORLD_SIZE against the GPUs is the job's setting, judged once, by cuda_devices
+    # (LocalWorldSizeTooBig, scope job) against the GPUs CUDA will really expose.
     if count == 0:
         return [Finding(Status.FAIL, "NoGpu", "NVML sees no GPU",
                         _count_remedy() + " On a CPU-only node pass --expect-gpus 0.")], ">= 1"

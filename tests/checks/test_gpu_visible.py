@@ -100,10 +100,16 @@ def test_slurm_job_gpus_must_exist(make_ctx: MakeCtx) -> None:
     assert ok.status is Status.PASS
 
 
-def test_local_world_size_needs_that_many_gpus(make_ctx: MakeCtx) -> None:
-    r = gpu_visible.run(make_ctx(snapshot=topologies.single_h200_vm(),
-                                 env={"LOCAL_WORLD_SIZE": "4"}))
-    assert (r.status, r.reason) == (Status.FAIL, "GpuCountMismatch")
+def test_local_world_size_is_judged_once_by_cuda_devices(make_ctx: MakeCtx) -> None:
+    """One fault, one owner: more local processes than GPUs is the job's setting (#11 point 3),
+    reported by cuda_devices against the GPUs CUDA exposes; the node's GPUs are fine."""
+    from preflight.checks import cuda_devices
+    from preflight.core.result import Scope
+
+    ctx = make_ctx(snapshot=topologies.single_h200_vm(), env={"LOCAL_WORLD_SIZE": "4"})
+    assert gpu_visible.run(ctx).status is Status.PASS
+    r = cuda_devices.run(ctx)
+    assert (r.status, r.reason, r.scope) == (Status.FAIL, "LocalWorldSizeTooBig", Scope.JOB)
     assert "LOCAL_WORLD_SIZE=4" in r.message
 
 

@@ -64,13 +64,21 @@ def _result(proc: subprocess.CompletedProcess[str]) -> dict[str, object]:
 
 
 @needs_root
-def test_docker_default_64_mib_is_named(tmp_path: Path) -> None:
-    proc = _in_private_tmpfs(tmp_path, "size=64m", "--expect-gpus", "4")
+@pytest.mark.parametrize(("mount", "gpus", "fill_bytes", "reason", "words"), [
+    ("size=64m", "4", 0, "ShmTooSmall", "64 MiB (the Docker default)"),
+    ("size=1100m", "2", 600 << 20, "ShmFull", "free of 1.1 GiB"),
+    ("size=2g,ro", "1", 0, "ShmNotWritable", "Read-only file system"),
+])
+def test_a_bad_tmpfs_fails_naming_what_is_wrong(tmp_path: Path, mount: str, gpus: str,
+                                                fill_bytes: int, reason: str, words: str) -> None:
+    proc = _in_private_tmpfs(tmp_path, mount, "--expect-gpus", gpus, fill_bytes=fill_bytes)
     assert proc.returncode == 1, proc.stderr
     r = _result(proc)
-    assert r["reason"] == "ShmTooSmall"
-    assert "64 MiB (the Docker default)" in str(r["message"])
-    assert "--shm-size" in str(r["remedy"]) and "medium: Memory" in str(r["remedy"])
+    assert (r["reason"], r["scope"]) == (reason, "node")
+    assert words in str(r["message"])
+    assert "--shm-size" in str(r["remedy"]) or reason == "ShmNotWritable"
+    if reason == "ShmTooSmall":
+        assert "medium: Memory" in str(r["remedy"])
 
 
 @needs_root
@@ -78,22 +86,3 @@ def test_big_enough_tmpfs_passes(tmp_path: Path) -> None:
     proc = _in_private_tmpfs(tmp_path, "size=1100m", "--expect-gpus", "8")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _result(proc)["status"] == "pass"
-
-
-@needs_root
-def test_full_tmpfs_fails_on_free_space(tmp_path: Path) -> None:
-    proc = _in_private_tmpfs(tmp_path, "size=1100m", "--expect-gpus", "2",
-                             fill_bytes=600 << 20)
-    assert proc.returncode == 1, proc.stderr
-    r = _result(proc)
-    assert r["reason"] == "ShmFull"
-    assert "free of 1.1 GiB" in str(r["message"])
-
-
-@needs_root
-def test_read_only_tmpfs_is_not_writable(tmp_path: Path) -> None:
-    proc = _in_private_tmpfs(tmp_path, "size=2g,ro", "--expect-gpus", "1")
-    assert proc.returncode == 1, proc.stderr
-    r = _result(proc)
-    assert r["reason"] == "ShmNotWritable"
-    assert "Read-only file system" in str(r["message"])

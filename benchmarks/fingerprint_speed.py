@@ -46,24 +46,24 @@ print(json.dumps((time.perf_counter() - t0) * 1e3))
 
 ROWS = {
     "gather (this python)": ("""
-from preflight.config import DEFAULT_WATCHED_PACKAGES
+from preflight.core.config import DEFAULT_WATCHED_PACKAGES
 from preflight.probes import pyenv
 """, "pyenv.gather(list(DEFAULT_WATCHED_PACKAGES))"),
     "versions check (runner)": ("""
-from preflight.config import Config
-from preflight.context import Context
+from preflight.core.config import Config
+from preflight.core.context import Context
 from preflight.probes.gpu import FixtureGpuProbe
-from preflight.runner import run_checks, select
+from preflight.core.runner import run_checks, select
 from preflight.checks import CHECKS
 from tests import topologies
 ctx = Context(config=Config(), env={{}}, gpu_probe=FixtureGpuProbe(topologies.healthy_8x_h100()))
 """, """r = run_checks(ctx, select(CHECKS, only=["versions"])).results[0]
 assert r.status.word == "pass", r"""),
     "gather --python (subprocess)": ("""
-from preflight.config import DEFAULT_WATCHED_PACKAGES
+from preflight.core.config import DEFAULT_WATCHED_PACKAGES
 from preflight.probes import pyenv
 """, "pyenv.gather_foreign({python!r}, list(DEFAULT_WATCHED_PACKAGES), timeout_s=10)"),
-    "hash_path(preflight/)": ("from preflight.fingerprint import hash_path",
+    "hash_path(preflight/)": ("from preflight.probes.fingerprint import hash_path",
                               "assert len(hash_path({tree!r})) == 64"),
 }
 

@@ -22,9 +22,10 @@ from machine import describe  # benchmarks/machine.py (sys.path[0] is this folde
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from preflight.checks import master_port, network
-from preflight.config import Config
-from preflight.context import Context
-from preflight.runner import Check, run_checks
+from preflight.checks.base import Check
+from preflight.core.config import Config
+from preflight.core.context import Context
+from preflight.core.runner import run_checks
 
 CHECKS = (Check(network.NAME, network.run, ""), Check(master_port.NAME, master_port.run, ""))
 

@@ -24,9 +24,9 @@ from machine import describe  # benchmarks/machine.py (sys.path[0] is this folde
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from preflight.checks import fabric, xid
-from preflight.config import Config
-from preflight.context import Context
-from preflight.model import Result
+from preflight.core.config import Config
+from preflight.core.context import Context
+from preflight.core.result import Result
 from preflight.probes.gpu import FixtureGpuProbe, GpuSnapshot
 
 

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from preflight import __version__
-from preflight.config import Config, ConfigError, load
-from preflight.context import Context, make_context
-from preflight.model import ExitCode, Report, exit_code
+from preflight.core.config import Config, ConfigError, load
+from preflight.core.context import Context, make_context
+from preflight.core.result import ExitCode, Report, exit_code
 
 log = logging.getLogger("preflight")
 

@@ -40,9 +40,11 @@ from typing import Any, Protocol
 
 import yaml
 
-from preflight.config import Config, ConfigError
-from preflight.model import Report, Result, Status
-from preflight.outputs.prom import ALLREDUCE_CHECK, DaemonStats, MetricsSnapshot, render
+from preflight.bench.gate import blocker
+from preflight.checks.allreduce import NAME as ALLREDUCE_CHECK
+from preflight.core.config import Config, ConfigError
+from preflight.core.result import Report, Result, Status
+from preflight.outputs.prom import DaemonStats, MetricsSnapshot, render
 from preflight.probes.gpu import GpuSnapshot
 from preflight.probes.xid_events import XidWatcher
 
@@ -291,21 +293,9 @@ class Health:
 
 
 def _busy_gpus(snapshot: GpuSnapshot) -> str | None:
-    """Why the bandwidth test must not run now (a job uses the GPUs, NVML is missing), or None."""
-    if not snapshot.available:
-        return f"NVML is not available ({snapshot.error or 'no driver'}), so GPU use is unknown"
-    busy = {g.index: g.compute_pids for g in snapshot.gpus if g.compute_pids}
-    if busy:
-        listed = "; ".join(f"GPU {i}: pid {', '.join(map(str, p))}" for i, p in busy.items())
-        return f"compute processes use the GPUs ({listed})"
-    exclusive = [str(g.index) for g in snapshot.gpus
-                 if g.compute_mode in ("EXCLUSIVE_PROCESS", "EXCLUSIVE_THREAD")]
-    if exclusive:
-        # One context per GPU: a job that starts while the test holds the GPU would fail with
-        # "all CUDA-capable devices are busy or unavailable".
-        return (f"GPU {', '.join(exclusive)} in an exclusive compute mode: a job starting during "
-                "the test could not get its GPU (run `preflight bench` between jobs instead)")
-    return None
+    """Why the periodic bandwidth test must not run now, or None (preflight.bench.gate)."""
+    stop = blocker(snapshot, periodic=True)
+    return stop.why if stop else None
 
 
 class Daemon:
@@ -484,7 +474,7 @@ class Daemon:
             if self._gpus is not None:
                 snap = self._gpus()
             else:
-                from preflight.context import make_context
+                from preflight.core.context import make_context
 
                 snap = make_context(self.config, env=self._env, root=self.root).gpus()
         except Exception as exc:

@@ -5,26 +5,32 @@ from pathlib import Path
 
 import pytest
 
-from preflight.config import Config
-from preflight.context import Context
+from preflight.core.config import Config
+from preflight.core.context import Context
 from preflight.probes.gpu import FixtureGpuProbe, GpuSnapshot
+from preflight.probes.net import NetProbe
 from tests import topologies
+
+# Fixtures of the real-venv helpers, for the versions tests in checks/, commands/ and probes/.
+from tests.venvs import make_venv, node_python, nvml_fixture  # noqa: F401
 
 MakeCtx = Callable[..., Context]
 
 
 @pytest.fixture
 def make_ctx(tmp_path: Path) -> MakeCtx:
-    """Build a Context: fixture GPUs (default 8x H100), an explicit env, a config."""
+    """Build a Context: fixture GPUs (default 8x H100), an explicit env, a config; the live
+    network unless ``net`` gives a fixture probe."""
 
     def make(*, env: Mapping[str, str] | None = None, snapshot: GpuSnapshot | None = None,
-             config: Config | None = None, root: Path | str = "/", **config_changes: object
-             ) -> Context:
+             config: Config | None = None, root: Path | str = "/", net: NetProbe | None = None,
+             **config_changes: object) -> Context:
         cfg = config or Config()
         if config_changes:
             cfg = cfg.replace(**config_changes)
         return Context(config=cfg, env=dict(env or {}), root=Path(root),
-                       gpu_probe=FixtureGpuProbe(snapshot or topologies.healthy_8x_h100()))
+                       gpu_probe=FixtureGpuProbe(snapshot or topologies.healthy_8x_h100()),
+                       net_probe=net)
 
     return make
 

@@ -8,20 +8,22 @@ runs it through :mod:`preflight.bench.parent` (which never imports torch) and ju
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from preflight import cvd
 from preflight.bench import method
+from preflight.bench.gate import blocker
 from preflight.bench.parent import BenchOptions, run_workers
 from preflight.bench.verdict import BenchResult, judge
-from preflight.context import Context
-from preflight.model import Status
-from preflight.pci import normalize_bus_id
+from preflight.core.context import Context
+from preflight.core.result import Status
+from preflight.core.units import fmt_bytes
+from preflight.jobenv import cuda_visible
 from preflight.probes.gpu import Gpu
-from preflight.units import fmt_bytes
+from preflight.probes.pci import normalize_bus_id
 
 #: gloo on CPU is a correctness and plumbing test; its default sweep stays small.
 GLOO_DEFAULT_MAX_BYTES = 64 << 20
@@ -47,15 +49,15 @@ def visible_gpus(ctx: Context) -> tuple[tuple[Gpu, ...], int, str | None]:
     """(the GPUs the workers will see, in cuda:N order; how many; why none when NVML is
     unavailable).
 
-    CUDA_VISIBLE_DEVICES is read by the same parser as the cuda_devices check (cvd.py), in the
-    device order the workers get (CUDA_DEVICE_ORDER, else PCI_BUS_ID: parent._worker_env), so
+    CUDA_VISIBLE_DEVICES is read by the same parser as the cuda_devices check (jobenv/cuda_visible),
+    in the device order the workers get (CUDA_DEVICE_ORDER, else PCI_BUS_ID: parent._worker_env), so
     rank r is named by the GPU it really uses; an invalid value leaves what CUDA would keep.
     """
     snap = ctx.gpus()
     if not snap.available:
         return (), 0, snap.error or "NVML is not available"
-    res = cvd.resolve(cvd.parse(ctx.env.get("CUDA_VISIBLE_DEVICES")), snap,
-                      device_order=ctx.env.get("CUDA_DEVICE_ORDER", cvd.ORDER_PCI))
+    res = cuda_visible.resolve(cuda_visible.parse(ctx.env.get("CUDA_VISIBLE_DEVICES")), snap,
+                      device_order=ctx.env.get("CUDA_DEVICE_ORDER", cuda_visible.ORDER_PCI))
     gpus = () if res.duplicate else tuple(d.gpu for d in res.devices)
     return gpus, len(gpus), None
 
@@ -101,10 +103,10 @@ def plan(ctx: Context, *, backend: str | None = None, nproc: int | None = None,
             notes.append(f"largest size lowered from {fmt_bytes(hi)} to {fmt_bytes(cap)}: GPU "
                          f"memory allows 1/{method.MEMORY_SHARE} of the smallest GPU's memory")
             hi = cap
-        busy = [f"GPU {g.index} (pids {', '.join(map(str, g.compute_pids))})" for g in used
-                if g.compute_pids]
-        if busy:
-            notes.append("GPUs in use, the figures compete with: " + "; ".join(busy))
+        # A person asked for this run: it goes ahead, and says what the figures compete with.
+        stop = blocker(dataclasses.replace(ctx.gpus(), gpus=used))
+        if stop is not None and stop.reason == "GpusBusy":
+            notes.append(f"the figures compete with other work: {stop.why}")
     try:
         sizes = tuple(method.sweep(lo, hi))
     except ValueError as exc:

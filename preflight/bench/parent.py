@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from preflight.units import fmt_bytes
+from preflight.core.units import fmt_bytes
 
 PHASES = ("spawn", "init", "warmup", "measure", "verify", "done")
 PHASE_WORDS = {"spawn": "spawn", "init": "init", "warmup": "warm-up", "measure": "measure",

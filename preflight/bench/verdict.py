@@ -17,9 +17,9 @@ from typing import Any
 from preflight.bench import method
 from preflight.bench.nccl_debug import summarize
 from preflight.bench.parent import RunRecord
-from preflight.model import Status
+from preflight.core.result import Status
+from preflight.core.units import fmt_bytes
 from preflight.probes.gpu import Gpu
-from preflight.units import fmt_bytes
 
 REMEDY_STALL = ("Look for Xid errors (dmesg | grep -i xid) and a GPU that does not answer "
                 "(nvidia-smi -q -i <index>) on the named GPU; rerun with --debug to keep "

@@ -9,13 +9,14 @@ from preflight.checks import (
     gpu_visible,
     launcher_env,
     master_port,
+    memlock,
     nccl_env,
     network,
     shm,
     versions,
     xid,
 )
-from preflight.runner import Check
+from preflight.checks.base import Check
 
 CHECKS: tuple[Check, ...] = (
     Check(gpu_visible.NAME, gpu_visible.run, "NVML sees the expected GPUs, each healthy"),
@@ -27,6 +28,7 @@ CHECKS: tuple[Check, ...] = (
     Check(fabric.NAME, fabric.run, "InfiniBand / RoCE ports up, at full rate, error-free"),
     Check(master_port.NAME, master_port.run, "MASTER_ADDR resolves; MASTER_PORT free on rank 0"),
     Check(nccl_env.NAME, nccl_env.run, "no NCCL_* / TORCH_NCCL_* setting that silently hurts"),
+    Check(memlock.NAME, memlock.run, "with RDMA ports: locked-memory limit unlimited for NCCL"),
     Check(versions.NAME, versions.run, "environment fingerprint; equal to the golden one if given"),
     Check(allreduce.NAME, allreduce.run, "timed NCCL all-reduce: busbw, exact sum, no hang",
           timeout_s=allreduce.timeout_s),

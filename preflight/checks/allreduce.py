@@ -1,6 +1,7 @@
 """``allreduce``: a timed all-reduce over the node's GPUs is fast enough, exact, and never hangs.
 
-What: the same test as ``preflight bench`` (nccl-tests method, nccl.md section 1) with NCCL over
+What: the same test as ``preflight bench`` (nccl-tests' method, its doc/PERFORMANCE.md) with NCCL
+over
 every visible GPU, judged at the largest size against ``min_busbw_gbps`` or the built-in table per
 GPU model and count (FAIL below 0.9 x expected); the link efficiency against NVML's link figures.
 
@@ -17,9 +18,8 @@ Knobs: ``min_busbw_gbps`` (None = table), ``bench_min_bytes`` (1 MiB), ``bench_m
 
 from __future__ import annotations
 
-from preflight.context import Context
-from preflight.model import Result, Status
-from preflight.runner import activity
+from preflight.core.context import Context, activity
+from preflight.core.result import Result, Status
 
 NAME = "allreduce"
 #: The runner's deadline sits behind the test's own, so the test names the stalled rank itself.
@@ -33,23 +33,13 @@ def timeout_s(ctx: Context) -> float:
 
 def run(ctx: Context) -> Result:
     from preflight.bench import plan, run_bench
+    from preflight.bench.gate import blocker
 
-    snap = ctx.gpus()
-    if not snap.available:
-        return Result(NAME, Status.SKIP, "NvmlUnavailable",
-                      f"no all-reduce test: NVML is not available ({snap.error or 'no driver'})")
-    prohibited = [str(g.index) for g in snap.gpus if g.compute_mode == "PROHIBITED"]
-    if prohibited:
-        return Result(NAME, Status.SKIP, "ComputeProhibited",
-                      f"no all-reduce test: GPU {', '.join(prohibited)} in compute mode PROHIBITED "
-                      "(gpu_visible says so)")
-    busy = [f"GPU {g.index} (pid {', '.join(map(str, g.compute_pids))})" for g in snap.gpus
-            if g.compute_pids]
-    if busy:
-        return Result(NAME, Status.SKIP, "GpusBusy",
-                      "no all-reduce test: compute processes use the GPUs: " + "; ".join(busy),
-                      "Run it when the GPUs are idle, or pass --no-bandwidth.",
-                      details={"busy": busy})
+    stop = blocker(ctx.gpus())
+    if stop is not None:
+        return Result(NAME, Status.SKIP, stop.reason, f"no all-reduce test: {stop.why}",
+                      "Run it when the GPUs are idle, or pass --no-bandwidth."
+                      if stop.reason == "GpusBusy" else "")
     the_plan = plan(ctx, backend="nccl")
     floor = ctx.config.min_busbw_gbps
     with activity("the all-reduce workers (preflight bench)"):

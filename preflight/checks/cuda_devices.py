@@ -1,14 +1,15 @@
 """``cuda_devices``: what CUDA will really see through CUDA_VISIBLE_DEVICES, and whether the local
 ranks fit in it.
 
-What: reads CUDA_VISIBLE_DEVICES exactly as CUDA does (:mod:`preflight.cvd`: indices, GPU UUIDs and
+What: reads CUDA_VISIBLE_DEVICES exactly as CUDA does (:mod:`preflight.jobenv.cuda_visible`:
+indices, GPU UUIDs and
 unique UUID prefixes, MIG, enumeration stopping at the first invalid entry, duplicates), maps every
 entry to an NVML GPU by UUID or PCI bus id (never by NVML index), and checks that
 LOCAL_RANK < visible GPUs and LOCAL_WORLD_SIZE <= visible GPUs.
 
 Why: a wrong CUDA_VISIBLE_DEVICES fails late and obscurely. ``device_ids=[rank]`` or a physical GPU
 number where the remapped local rank belongs gives "RuntimeError: CUDA error: invalid device
-ordinal" (the article, sections 1.1 and 2.3); "0,-1,1" silently hides GPU 1 (CUDA stops at the
+ordinal"; "0,-1,1" silently hides GPU 1 (CUDA stops at the
 invalid entry, nccl.md section 5); a GPU listed twice leaves CUDA with no device, and NCCL says
 "Duplicate GPU detected"; on a node of mixed GPU models CUDA's default FASTEST_FIRST order is not
 nvidia-smi's, so index 0 may be another card than intended.
@@ -20,21 +21,18 @@ GPU (``gpu_visible`` judges that); without NVML the text alone is judged (WARN) 
 
 Knobs: ``expect_gpus`` (0 skips the check). Environment read: CUDA_VISIBLE_DEVICES,
 CUDA_DEVICE_ORDER, LOCAL_RANK, LOCAL_WORLD_SIZE, SLURM_SCRIPT_CONTEXT (a prolog sees physical
-indices, ecosystem.md section 1).
+indices, Slurm docs, "Prolog and Epilog Guide").
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from preflight import cvd
-from preflight.checks.common import env_int
-from preflight.context import Context
-from preflight.model import Result, Status
+from preflight.core.context import Context, activity
+from preflight.core.result import Finding, Result, Scope, Status, fold
+from preflight.jobenv import cuda_visible
 from preflight.probes.gpu import GpuSnapshot
-from preflight.runner import activity
 
 NAME = "cuda_devices"
 SHOW_DEVICES = 4
@@ -49,26 +47,22 @@ REMEDY_ORDER = ("export CUDA_DEVICE_ORDER=PCI_BUS_ID (CUDA indices then equal nv
                 "or list GPUs by UUID: CUDA_VISIBLE_DEVICES=GPU-<uuid> (nvidia-smi -L)")
 
 
-@dataclass(frozen=True)
-class Finding:
-    status: Status
-    reason: str
-    message: str
-    remedy: str = ""
+#: CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER and the local ranks are the job's own settings.
+JOB = Scope.JOB
 
 
 def _shown(raw: str | None) -> str:
     return "CUDA_VISIBLE_DEVICES unset" if raw is None else f"CUDA_VISIBLE_DEVICES={raw}"
 
 
-def _listed(devices: Sequence[cvd.Device]) -> str:
+def _listed(devices: Sequence[cuda_visible.Device]) -> str:
     """'cuda:0 = GPU 0 (0000:18:00.0), ...' for the first few devices."""
     parts = [f"cuda:{d.cuda_index} = {d.describe()}" for d in devices[:SHOW_DEVICES]]
     more = f", ... ({len(devices)} in all)" if len(devices) > SHOW_DEVICES else ""
     return ", ".join(parts) + more
 
 
-def _sees(devices: Sequence[cvd.Device]) -> str:
+def _sees(devices: Sequence[cuda_visible.Device]) -> str:
     """'sees only GPU 0 (0000:18:00.0)' / 'sees 8 GPUs: ...' / 'sees no GPU'."""
     if not devices:
         return "sees no GPU"
@@ -77,11 +71,11 @@ def _sees(devices: Sequence[cvd.Device]) -> str:
     return f"sees {len(devices)} GPUs: {_listed(devices)}"
 
 
-def _entries_text(entries: Sequence[cvd.Entry]) -> str:
+def _entries_text(entries: Sequence[cuda_visible.Entry]) -> str:
     return ", ".join(repr(e.raw) for e in entries)
 
 
-def _suggest(parsed: cvd.Parsed, snap: GpuSnapshot, skip: cvd.Entry | None, *,
+def _suggest(parsed: cuda_visible.Parsed, snap: GpuSnapshot, skip: cuda_visible.Entry | None, *,
              order: str | None, physical: bool) -> str:
     """A value without the offending entry, if that one resolves cleanly; else ''."""
     entries = parsed.entries or ()
@@ -93,13 +87,14 @@ def _suggest(parsed: cvd.Parsed, snap: GpuSnapshot, skip: cvd.Entry | None, *,
     if not keep:
         return ""
     value = ",".join(keep)
-    res = cvd.resolve(cvd.parse(value), snap, device_order=order, physical_indices=physical)
+    res = cuda_visible.resolve(cuda_visible.parse(value), snap, device_order=order,
+                               physical_indices=physical)
     if res.stop or res.duplicate or not res.devices:
         return ""
     return f"export CUDA_VISIBLE_DEVICES={value}"
 
 
-def _uuid_without_prefix(entry: cvd.Entry, snap: GpuSnapshot) -> str:
+def _uuid_without_prefix(entry: cuda_visible.Entry, snap: GpuSnapshot) -> str:
     """'GPU 1 (GPU-11a0...)' when ``entry`` is the start of a GPU UUID written without 'GPU-'."""
     text = entry.raw.strip().lower()
     if not entry.looks_like_bare_uuid:
@@ -108,34 +103,35 @@ def _uuid_without_prefix(entry: cvd.Entry, snap: GpuSnapshot) -> str:
     return f"GPU {hits[0].index} ({hits[0].uuid})" if len(hits) == 1 else ""
 
 
-def _without_nvml(parsed: cvd.Parsed, snap: GpuSnapshot, details: dict[str, Any]) -> Result:
+def _without_nvml(parsed: cuda_visible.Parsed, snap: GpuSnapshot,
+                  details: dict[str, Any]) -> Result:
     why = snap.error or "NVML not available"
     shown = _shown(parsed.raw)
     if parsed.unset:
-        return Result(NAME, Status.SKIP, "NoNvml",
+        return Result(NAME, Status.SKIP, "NvmlUnavailable",
                       f"{shown}: CUDA would see every GPU, but {why}; cannot map devices",
                       details=details)
     if parsed.empty:
         return Result(NAME, Status.WARN, "CvdEmpty",
                       f"{shown} (empty): CUDA sees no GPU ({why})",
                       "unset CUDA_VISIBLE_DEVICES to use every GPU, or list them: "
-                      "export CUDA_VISIBLE_DEVICES=0,1,...", details=details)
-    stop, dup = cvd.text_problems(parsed)
+                      "export CUDA_VISIBLE_DEVICES=0,1,...", details=details, scope=JOB)
+    stop, dup = cuda_visible.text_problems(parsed)
     if dup is not None:
         return Result(NAME, Status.WARN, "CvdDuplicate",
                       f"{shown}: entries {dup[0].position} and {dup[1].position} ({dup[0].raw!r})"
                       f" name the same device; CUDA then exposes no device and NCCL fails with "
                       f"'Duplicate GPU detected' ({why}, GPUs not checked)",
-                      "List each GPU once in CUDA_VISIBLE_DEVICES.", details=details)
+                      "List each GPU once in CUDA_VISIBLE_DEVICES.", details=details, scope=JOB)
     if stop is not None and not stop.harmless:
         return Result(NAME, Status.WARN, "CvdStopsEarly",
                       f"{shown}: CUDA stops at {stop.entry.raw!r} (entry {stop.entry.position}: "
                       f"{stop.why}) and ignores the rest ({_entries_text(stop.dropped) or 'none'})"
                       f"; {why}, GPUs not checked",
                       f"Remove or fix entry {stop.entry.position} of CUDA_VISIBLE_DEVICES.",
-                      details=details)
+                      details=details, scope=JOB)
     count = len(parsed.entries or ())
-    return Result(NAME, Status.SKIP, "NoNvml",
+    return Result(NAME, Status.SKIP, "NvmlUnavailable",
                   f"{shown}: {count} entr{'y' if count == 1 else 'ies'}, no text problem; "
                   f"{why}, so they cannot be mapped to GPUs", details=details)
 
@@ -149,18 +145,18 @@ def run(ctx: Context) -> Result:
     if ctx.config.expect_gpus == 0:
         return Result(NAME, Status.SKIP, "NoGpuExpected",
                       "expect_gpus is 0 (CPU-only node): CUDA devices not checked", details=details)
-    parsed = cvd.parse(raw)
+    parsed = cuda_visible.parse(raw)
     with activity("NVML query"):
         snap = ctx.gpus()
     if not snap.available:
         return _without_nvml(parsed, snap, details)
     if not any(g.error is None for g in snap.gpus):
-        return Result(NAME, Status.SKIP, "NoGpus",
+        return Result(NAME, Status.SKIP, "NoGpu",
                       f"NVML reports no usable GPU; nothing for {_shown(raw)} to select "
                       "(gpu_visible judges the GPU count)", details=details)
 
-    order = order_raw if order_raw in (cvd.ORDER_PCI, cvd.ORDER_FASTEST) else None
-    res = cvd.resolve(parsed, snap, device_order=order, physical_indices=prolog)
+    order = order_raw if order_raw in (cuda_visible.ORDER_PCI, cuda_visible.ORDER_FASTEST) else None
+    res = cuda_visible.resolve(parsed, snap, device_order=order, physical_indices=prolog)
     details["visible"] = [d.to_json() for d in res.devices]
     details["visible_count"] = len(res.devices)
     details["device_order"] = res.order
@@ -172,7 +168,8 @@ def run(ctx: Context) -> Result:
             Status.FAIL, "CvdEmpty",
             f"{shown} (empty string): CUDA sees no GPU; the node has {len(snap.gpus)}",
             "unset CUDA_VISIBLE_DEVICES to use every GPU, or list the job's GPUs "
-            "(export CUDA_VISIBLE_DEVICES=0,1,...); in Kubernetes request nvidia.com/gpu"))
+            "(export CUDA_VISIBLE_DEVICES=0,1,...); in Kubernetes request nvidia.com/gpu",
+            scope=JOB))
     if res.duplicate is not None:
         first, second = res.duplicate
         fix = _suggest(parsed, snap, second, order=order, physical=prolog)
@@ -181,7 +178,7 @@ def run(ctx: Context) -> Result:
             f"{shown}: entries {first.position} ({first.raw!r}) and {second.position} "
             f"({second.raw!r}) name the same GPU; CUDA then exposes no device at all (as PyTorch "
             "and nvitop model the driver) and NCCL fails with 'Duplicate GPU detected'",
-            "List each GPU once" + (f": {fix}" if fix else " in CUDA_VISIBLE_DEVICES")))
+            "List each GPU once" + (f": {fix}" if fix else " in CUDA_VISIBLE_DEVICES"), scope=JOB))
         details["duplicate_entries"] = [first.position, second.position]
     if res.stop is not None:
         stop = res.stop
@@ -201,11 +198,12 @@ def run(ctx: Context) -> Result:
         if res.ambiguous is not None:
             findings.append(Finding(Status.FAIL, "CvdAmbiguousPrefix", at + ignored,
                                     "Use a longer UUID prefix or the full UUID from nvidia-smi "
-                                    "-L (e.g. " + res.ambiguous[1][0].uuid + ")"))
+                                    "-L (e.g. " + res.ambiguous[1][0].uuid + ")", scope=JOB))
         elif stop.harmless:
-            findings.append(Finding(Status.WARN, "CvdTerminator", at, remedy))
+            findings.append(Finding(Status.WARN, "CvdTerminator", at, remedy, scope=JOB))
         else:
-            findings.append(Finding(Status.FAIL, "CvdStopsEarly", at + ignored, remedy))
+            findings.append(Finding(Status.FAIL, "CvdStopsEarly", at + ignored, remedy,
+                                    scope=JOB))
     bare_entries: set[int] = set()
     for dev in res.devices:
         entry = dev.entry
@@ -219,7 +217,7 @@ def run(ctx: Context) -> Result:
             f"{shown}: entry {entry.position} {entry.raw!r} looks like the start of {bare} "
             f"without 'GPU-', but CUDA reads it as index {entry.index} ("
             + ("the same GPU by luck)" if same else f"{dev.describe()}, another GPU)"),
-            f"Write GPU-{entry.raw.strip()} in CUDA_VISIBLE_DEVICES"))
+            f"Write GPU-{entry.raw.strip()} in CUDA_VISIBLE_DEVICES", scope=JOB))
     if res.mig_dropped:
         kept = next((d for d in res.devices if d.mig is not None), None)
         findings.append(Finding(
@@ -228,7 +226,7 @@ def run(ctx: Context) -> Result:
             f"per process ({kept.describe() if kept else 'the first'}); ignored: "
             f"{_entries_text(res.mig_dropped)}",
             "Give each process one MIG device (CUDA_VISIBLE_DEVICES=MIG-<uuid> from nvidia-smi "
-            "-L), or use whole GPUs for multi-GPU training"))
+            "-L), or use whole GPUs for multi-GPU training", scope=JOB))
     if res.mig_parents:
         findings.append(Finding(
             Status.WARN, "CvdMigGpu",
@@ -237,7 +235,7 @@ def run(ctx: Context) -> Result:
             "Disable MIG for multi-GPU training (nvidia-smi -i N -mig 0) or select one MIG "
             "device by UUID"))
 
-    local_rank, local_ws = env_int(ctx, "LOCAL_RANK"), env_int(ctx, "LOCAL_WORLD_SIZE")
+    local_rank, local_ws = ctx.env_int("LOCAL_RANK"), ctx.env_int("LOCAL_WORLD_SIZE")
     details["local_rank"], details["local_world_size"] = local_rank, local_ws
     n = len(res.devices)
     if not prolog and not parsed.empty and res.duplicate is None:
@@ -253,13 +251,15 @@ def run(ctx: Context) -> Result:
                    f": {local_ws} local processes need {local_ws} GPUs")
             findings.append(Finding(
                 Status.FAIL, "LocalRankOutOfRange" if rank_bad else "LocalWorldSizeTooBig",
-                f"{' and '.join(parts)} but {have} with {shown}{why}", REMEDY_LOCAL_RANK))
+                f"{' and '.join(parts)} but {have} with {shown}{why}", REMEDY_LOCAL_RANK,
+                scope=JOB))
 
     if order_raw is not None and order is None:
         findings.append(Finding(
             Status.WARN, "CudaOrderUnknown",
             f"CUDA_DEVICE_ORDER={order_raw!r} is neither PCI_BUS_ID nor FASTEST_FIRST; CUDA "
-            "falls back to its default, FASTEST_FIRST", "export CUDA_DEVICE_ORDER=PCI_BUS_ID"))
+            "falls back to its default, FASTEST_FIRST", "export CUDA_DEVICE_ORDER=PCI_BUS_ID",
+            scope=JOB))
     if res.order_ambiguous and (res.uses_indices or parsed.unset):
         models = sorted({g.name for g in snap.gpus if g.error is None})
         findings.append(Finding(
@@ -268,28 +268,20 @@ def run(ctx: Context) -> Result:
             f"{'unset' if order_raw is None else repr(order_raw)} (FASTEST_FIRST): CUDA's device i "
             "(cuda:i, and index i in CUDA_VISIBLE_DEVICES) need not be nvidia-smi GPU i; the "
             "mapping shown assumes PCI order",
-            REMEDY_ORDER))
+            REMEDY_ORDER, scope=JOB))
     for position, note in res.notes:
         if position in bare_entries:
             continue
         findings.append(Finding(Status.WARN, "CvdNotClean", f"{shown}: {note}",
-                                "Write plain comma-separated entries without blanks or suffixes"))
+                                "Write plain comma-separated entries without blanks or suffixes",
+                                scope=JOB))
 
-    summary = _summary(res, shown, local_rank, prolog=prolog)
-    if not findings:
-        return Result(NAME, Status.PASS, "CvdOk", summary, details=details)
-    findings.sort(key=lambda f: -f.status)
-    top = findings[0]
-    details["problems"] = [f.reason for f in findings]
-    message = top.message
-    if len(findings) > 1:
-        message += "; also: " + "; ".join(f.message for f in findings[1:])
-    if top.status is Status.WARN:
-        message += f". {summary}"
-    return Result(NAME, top.status, top.reason, message, top.remedy, details=details)
+    return fold(NAME, findings, ok_reason="CvdOk",
+                summary=_summary(res, shown, local_rank, prolog=prolog), details=details)
 
 
-def _summary(res: cvd.Resolution, shown: str, local_rank: int | None, *, prolog: bool) -> str:
+def _summary(res: cuda_visible.Resolution, shown: str, local_rank: int | None, *,
+             prolog: bool) -> str:
     n = len(res.devices)
     text = f"{shown}: CUDA {_sees(res.devices)}"
     if res.parsed.unset and n:

@@ -4,7 +4,7 @@ Verifies, from ``<root>/sys/class/infiniband/*/ports/*/`` (Documentation/ABI/sta
 sysfs-class-infiniband):
 
 * state ACTIVE and physical state LinkUp; the ports ``NCCL_IB_HCA`` selects (parsed exactly as
-  NCCL does, :func:`preflight.netparse.select_ib`) are among the active ones. Without
+  NCCL does, :func:`preflight.jobenv.netvars.select_ib`) are among the active ones. Without
   ``NCCL_IB_HCA`` NCCL uses every active port: a port down is a WARN, no port up a FAIL. A port
   whose physical state is Disabled was switched off on purpose and is only listed.
 * the rate each active port trained at against ``fabric_expected_rate_gbps`` (default: the highest
@@ -26,37 +26,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from preflight.context import Context
-from preflight.ibparse import LINK_COUNTERS, gid_is_empty, parse_rate, roce_version
-from preflight.model import Result, Status
-from preflight.netparse import IbPort, select_ib
+from preflight.core.context import Context, activity
+from preflight.core.result import Finding, Result, Scope, Status, fold
+from preflight.jobenv.netvars import IbPort, nccl_flag, select_ib
 from preflight.probes.ib import PortInfo
-from preflight.runner import activity
+from preflight.probes.ibparse import LINK_COUNTERS, gid_is_empty, parse_rate, roce_version
 
 NAME = "fabric"
 NCCL_ENV_DOC = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"
 _CABLE = ("Look at the port with `ibstat` / `ibv_devinfo -v` and `mlxlink -d <device> -m`; reseat "
           "or replace the cable or transceiver, and check the switch port (docs/checks.md#fabric).")
-
-
-@dataclass
-class _Findings:
-    items: list[tuple[Status, str, str, str]] = field(default_factory=list)
-
-    def add(self, status: Status, reason: str, message: str, remedy: str) -> None:
-        self.items.append((status, reason, message, remedy))
-
-    def result(self, summary: str, details: Mapping[str, Any]) -> Result:
-        if not self.items:
-            return Result(NAME, Status.PASS, "FabricOk", summary, details=details)
-        ordered = sorted(self.items, key=lambda i: -i[0])
-        remedies = list(dict.fromkeys(r for *_, r in ordered if r))
-        return Result(NAME, ordered[0][0], ordered[0][1],
-                      " ".join([*(m for _, _, m, _ in ordered), summary]), " ".join(remedies),
-                      details=details)
 
 
 def _usable(p: PortInfo) -> bool:
@@ -90,7 +71,12 @@ def judge(ports: Sequence[PortInfo], *, env: Mapping[str, str],
           interval_s: float = 0.0) -> Result:
     """The verdict over the ports (pure): ``growth`` is each port's counter increase between the
     two reads ``interval_s`` apart."""
-    f = _Findings()
+    findings: list[Finding] = []
+
+    def add(status: Status, reason: str, message: str, remedy: str,
+            scope: Scope = Scope.NODE) -> None:
+        findings.append(Finding(status, reason, message, remedy, scope))
+
     growth = growth or {}
     hca = env.get("NCCL_IB_HCA", "")
     by_label = {p.label: p for p in ports}
@@ -114,29 +100,31 @@ def judge(ports: Sequence[PortInfo], *, env: Mapping[str, str],
     if hca:
         down = [by_label[p.label] for p in sel.inactive]
         if down:
-            f.add(Status.FAIL, "IbSelectedPortDown",
+            add(Status.FAIL, "IbSelectedPortDown",
                   f"NCCL_IB_HCA={hca!r} selects {', '.join(map(_describe, down))}: not ACTIVE; "
                   "NCCL skips it and the job runs on fewer rails (or on TCP).", fix_state)
         if not sel.active:
-            f.add(Status.FAIL, "IbNoSelectedPort",
+            add(Status.FAIL, "IbNoSelectedPort",
                   f"NCCL_IB_HCA={hca!r} selects no ACTIVE port (ports: "
                   f"{', '.join(map(_describe, ports))}); NCCL falls back to TCP sockets, about "
                   "10x slower across nodes.",
-                  f"Set NCCL_IB_HCA to ACTIVE ports (`ibstat`), or fix the ports. {NCCL_ENV_DOC}")
+                  f"Set NCCL_IB_HCA to ACTIVE ports (`ibstat`), or fix the ports. {NCCL_ENV_DOC}",
+                  # Naming no port that exists is the job's setting; naming only dead ports is not.
+                  Scope.NODE if sel.inactive else Scope.JOB)
     else:
         down = [p for p in ports if not _usable(p) and p.phys_state != "Disabled"]
         if not usable and down:
-            f.add(Status.FAIL, "IbNoActivePort",
+            add(Status.FAIL, "IbNoActivePort",
                   f"no RDMA port is ACTIVE and LinkUp ({', '.join(map(_describe, down))}); "
                   "multi-node NCCL falls back to TCP sockets, about 10x slower.", fix_state)
         elif down:
-            f.add(Status.WARN, "IbPortDown",
+            add(Status.WARN, "IbPortDown",
                   f"{len(down)} RDMA port(s) not up: {', '.join(map(_describe, down))}; NCCL "
                   "uses only the ACTIVE ones, so a rail is missing if these carry training "
                   "traffic.", fix_state)
     for p in selected:
         if p.state == "ACTIVE" and p.phys_state != "LinkUp":
-            f.add(Status.FAIL, "IbLinkNotUp",
+            add(Status.FAIL, "IbLinkNotUp",
                   f"{p.label} is ACTIVE but its physical state is {p.phys_state or 'unknown'}, "
                   "expected LinkUp (the link is retraining).", _CABLE)
 
@@ -146,11 +134,11 @@ def judge(ports: Sequence[PortInfo], *, env: Mapping[str, str],
         rate = parse_rate(p.rate)
         want = expected.get(p.link_layer)
         if rate is None:
-            f.add(Status.WARN, "IbRateUnknown",
+            add(Status.WARN, "IbRateUnknown",
                   f"{p.label} rate {p.rate!r} is not in the kernel's 'N Gb/sec (WX SPEED)' form.",
                   "Report this rate text to the preflight maintainers.")
         elif want is not None and rate.gbps < want:
-            f.add(Status.FAIL, "IbRateLow",
+            add(Status.FAIL, "IbRateLow",
                   f"{p.label} ({p.link_layer}) trained at {rate.gbps:g} Gb/s ({p.rate}), expected "
                   f"{want:g} Gb/s" + ("" if expected_rate_gbps is not None else
                                       " (the best port of this node)") + ".",
@@ -161,12 +149,12 @@ def judge(ports: Sequence[PortInfo], *, env: Mapping[str, str],
         link = {k: v for k, v in grown.items() if k in LINK_COUNTERS}
         other = {k: v for k, v in grown.items() if k not in LINK_COUNTERS}
         if link:
-            f.add(Status.FAIL, "IbLinkFlapping",
+            add(Status.FAIL, "IbLinkFlapping",
                   f"{p.label}: " + ", ".join(f"{k} +{v}" for k, v in link.items()) +
                   f" within {interval_s:g} s; expected 0 (the link goes down or retrains now).",
                   _CABLE)
         if other:
-            f.add(Status.WARN, "IbErrorsGrowing",
+            add(Status.WARN, "IbErrorsGrowing",
                   f"{p.label}: " + ", ".join(f"{k} +{v}" for k, v in other.items()) +
                   f" within {interval_s:g} s; expected 0.", _CABLE)
 
@@ -178,17 +166,18 @@ def judge(ports: Sequence[PortInfo], *, env: Mapping[str, str],
         details["roce"] = {p.label: {"gid": p.gid, "type": p.gid_type} for p in roce}
         for p in roce:
             if p.gid is None or gid_is_empty(p.gid):
-                f.add(Status.FAIL, "IbGidMissing",
+                add(Status.FAIL, "IbGidMissing",
                       f"NCCL_IB_GID_INDEX={gid_index}: {p.label} has no GID at index "
                       f"{gid_index} ({p.gid or 'missing'}); NCCL's ibv_modify_qp fails.",
                       f"Pick an index that holds the port's IP (`show_gids`, or ls "
                       f"/sys/class/infiniband/{p.device}/ports/{p.port}/gids), or unset it to let "
-                      f"NCCL choose. {NCCL_ENV_DOC}")
+                      f"NCCL choose. {NCCL_ENV_DOC}", Scope.JOB)
             elif want_roce is not None and roce_version(p.gid_type or "") != want_roce:
-                f.add(Status.FAIL, "IbRoceVersionMismatch",
+                add(Status.FAIL, "IbRoceVersionMismatch",
                       f"NCCL_IB_GID_INDEX={gid_index} on {p.label} is {p.gid_type or 'unknown'}, "
                       f"but NCCL_IB_ROCE_VERSION_NUM={want_roce}.",
-                      "Use the GID index of the RoCE version the fabric runs (`show_gids`).")
+                      "Use the GID index of the RoCE version the fabric runs (`show_gids`).",
+                      Scope.JOB)
 
     active = [p for p in selected if _usable(p)]
     rates = sorted({f"{r.gbps:g} Gb/s {p.link_layer}" for p in active
@@ -198,7 +187,7 @@ def judge(ports: Sequence[PortInfo], *, env: Mapping[str, str],
                f"({', '.join(p.label for p in active) or 'none'}; {', '.join(rates) or 'no rate'})"
                + (f"; counters steady over {interval_s:g} s" if interval_s > 0 and not growth
                   else "") + ".")
-    return f.result(summary, details)
+    return fold(NAME, findings, ok_reason="FabricOk", summary=summary, details=details)
 
 
 def run(ctx: Context) -> Result:
@@ -213,7 +202,7 @@ def run(ctx: Context) -> Result:
                       f"no InfiniBand / RoCE port under {path} (no RDMA driver or no HCA); NCCL "
                       "uses TCP sockets across nodes, nothing to check.",
                       details={"path": str(path)})
-    if ctx.env.get("NCCL_IB_DISABLE", "").strip() == "1":
+    if nccl_flag(ctx.env.get("NCCL_IB_DISABLE")):
         return Result(NAME, Status.SKIP, "NcclIbDisabled",
                       f"NCCL_IB_DISABLE=1: NCCL will not use the {len(ports)} RDMA port(s) "
                       f"({', '.join(f'{p.label} {p.state}' for p in ports)}); not judged "

@@ -2,12 +2,12 @@
 
 Why: a GPU that fell off the bus, a pending row remap or an uncorrectable ECC error makes NCCL or
 CUDA fail minutes into a job ("unhandled cuda error", Xid 79/48/63); a PCIe link trained at x8 or an
-NVLink down halves the all-reduce and turns one node into the straggler of the whole job (the
-article, section 6.2: the slow rank on a card sharing PCIe bandwidth).
+NVLink down halves the all-reduce and turns one node into the straggler of the whole job.
 
 Verifies:
 - the GPU count against the expectation: ``expect_gpus`` (exact), else the job's ``SLURM_JOB_GPUS``
-  (those physical indices must exist), else ``LOCAL_WORLD_SIZE`` (at least that many), else >= 1;
+  (those physical indices must exist), else >= 1 (``LOCAL_WORLD_SIZE`` against the GPUs is the
+  job's setting: ``cuda_devices`` judges it against what CUDA will expose);
 - every NVIDIA GPU on the PCI bus is enumerated by NVML (one missing has fallen off the bus);
 - per GPU: answers at all, no pending row remap or remap failure, no uncorrectable volatile ECC
   error, compute mode not PROHIBITED (no CUDA context possible), no hardware slowdown, PCIe link
@@ -20,22 +20,12 @@ without peers, e.g. one H200 in a VM, is fine).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from preflight.checks.common import env_int, slurm_job_gpus
-from preflight.context import Context
-from preflight.model import Result, Status
+from preflight.checks.job_gpus import expected_gpus
+from preflight.core.context import Context
+from preflight.core.result import Finding, Result, Status, fold
 from preflight.probes.gpu import Gpu, GpuSnapshot
 
 NAME = "gpu_visible"
-
-
-@dataclass(frozen=True)
-class Problem:
-    status: Status
-    reason: str
-    message: str
-    remedy: str
 
 
 def _gpu_name(gpu: Gpu) -> str:
@@ -43,51 +33,51 @@ def _gpu_name(gpu: Gpu) -> str:
     return f"GPU {gpu.index}" + (f" ({ids})" if ids else "")
 
 
-def gpu_problems(gpu: Gpu) -> list[Problem]:
+def gpu_problems(gpu: Gpu) -> list[Finding]:
     """Health problems of one GPU, worst first."""
     name = _gpu_name(gpu)
-    out: list[Problem] = []
+    out: list[Finding] = []
     if gpu.error:
-        out.append(Problem(
+        out.append(Finding(
             Status.FAIL, "GpuLost", f"{name} does not answer: {gpu.error}",
             f"Drain the node; look for Xid 79 / 48 in `dmesg | grep -i xid`; reset the GPU "
             f"(nvidia-smi -r -i {gpu.index}) or reboot; RMA the card if it recurs."))
         return out
     if gpu.remap_failure:
-        out.append(Problem(Status.FAIL, "RowRemapFailure",
+        out.append(Finding(Status.FAIL, "RowRemapFailure",
                            f"{name} had a row-remapping failure (no spare rows left)",
                            "Drain the node and RMA the GPU: its memory can no longer be repaired."))
     if gpu.remap_pending:
-        out.append(Problem(Status.FAIL, "RowRemapPending",
+        out.append(Finding(Status.FAIL, "RowRemapPending",
                            f"{name} has a row remap pending; it applies only after a GPU reset",
                            f"Drain the node, then reset the GPU when idle (nvidia-smi -r -i "
                            f"{gpu.index}) or reboot."))
     if gpu.ecc_uncorrectable_volatile:
-        out.append(Problem(
+        out.append(Finding(
             Status.FAIL, "EccUncorrectable",
             f"{name} has {gpu.ecc_uncorrectable_volatile} uncorrectable ECC error(s) since the "
             "last reset",
             f"Drain the node; reset the GPU (nvidia-smi -r -i {gpu.index}); check "
             "`nvidia-smi -q -d ROW_REMAPPER,ECC`; RMA if errors return."))
     if gpu.compute_mode == "PROHIBITED":
-        out.append(Problem(
+        out.append(Finding(
             Status.FAIL, "ComputeProhibited",
             f"{name} is in compute mode PROHIBITED: no process can create a CUDA context on it",
             f"Set the default compute mode: nvidia-smi -i {gpu.index} -c DEFAULT (as root)."))
     if gpu.pcie and gpu.pcie.width < gpu.pcie.max_width:
-        out.append(Problem(
+        out.append(Finding(
             Status.FAIL, "PcieLinkDegraded",
             f"{name} PCIe link is x{gpu.pcie.width}, expected x{gpu.pcie.max_width}",
             "Reseat the GPU / riser or check the slot (nvidia-smi -q -d PCIE); host<->GPU and "
             "inter-node traffic run at a fraction of their speed until then."))
     if gpu.throttle_reasons:
-        out.append(Problem(
+        out.append(Finding(
             Status.WARN, "GpuThrottled",
             f"{name} is slowed down by the hardware: {', '.join(gpu.throttle_reasons)}",
             "Check cooling and power (nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER); a throttled "
             "GPU makes its rank the straggler of every collective."))
     if gpu.pcie and gpu.pcie.gen < gpu.pcie.max_gen:
-        out.append(Problem(
+        out.append(Finding(
             Status.WARN, "PcieGenDowngraded",
             f"{name} PCIe link runs at Gen{gpu.pcie.gen}, maximum Gen{gpu.pcie.max_gen} (normal "
             "while idle: GPUs lower the generation to save power)",
@@ -96,7 +86,7 @@ def gpu_problems(gpu: Gpu) -> list[Problem]:
     return out
 
 
-def nvlink_problems(gpus: list[Gpu], expect: int | None) -> list[Problem]:
+def nvlink_problems(gpus: list[Gpu], expect: int | None) -> list[Finding]:
     """NVLink verdict over the GPUs of one node (see module doc for the auto rule)."""
     with_links = [g for g in gpus if g.nvlinks]
     if not with_links:
@@ -106,7 +96,7 @@ def nvlink_problems(gpus: list[Gpu], expect: int | None) -> list[Problem]:
         most = max(g.active_nvlinks for g in with_links)
         if most == 0:
             if len(with_links) > 1:
-                return [Problem(
+                return [Finding(
                     Status.WARN, "NvlinkInactive",
                     f"{len(with_links)} GPUs have NVLinks but none is active; all-reduce falls "
                     "back to PCIe",
@@ -119,7 +109,7 @@ def nvlink_problems(gpus: list[Gpu], expect: int | None) -> list[Problem]:
     for g in with_links:
         if g.active_nvlinks < want:
             down = [link.link for link in g.nvlinks if not link.active]
-            out.append(Problem(
+            out.append(Finding(
                 Status.FAIL, "NvlinkDown",
                 f"{_gpu_name(g)} has {g.active_nvlinks}/{want} NVLinks active (down: "
                 f"{', '.join(map(str, down[:18]))})",
@@ -128,33 +118,29 @@ def nvlink_problems(gpus: list[Gpu], expect: int | None) -> list[Problem]:
     return out
 
 
-def _expected(ctx: Context, snap: GpuSnapshot) -> tuple[list[Problem], str]:
+def _expected(ctx: Context, snap: GpuSnapshot) -> tuple[list[Finding], str]:
     """Count problems and a words-only statement of the expectation."""
     count = len(snap.gpus)
-    if ctx.config.expect_gpus is not None:
-        n = ctx.config.expect_gpus
+    want = expected_gpus(ctx)
+    n = want.count
+    if want.source == "expect_gpus" and n is not None:
         if count != n:
-            return [Problem(Status.FAIL, "GpuCountMismatch",
+            return [Finding(Status.FAIL, "GpuCountMismatch",
                             f"NVML sees {count} GPU(s), expected {n} (expect_gpus)",
                             _count_remedy())], f"{n} expected"
         return [], f"{n} expected"
-    slurm = slurm_job_gpus(ctx)
-    if slurm:
+    if want.source == "SLURM_JOB_GPUS":
+        slurm = want.slurm_indices
         missing = [i for i in slurm if i >= count]
         if missing:
-            return [Problem(Status.FAIL, "GpuCountMismatch",
+            return [Finding(Status.FAIL, "GpuCountMismatch",
                             f"the job was given GPUs {','.join(map(str, slurm))} (SLURM_JOB_GPUS) "
                             f"but NVML sees only {count}", _count_remedy())], "SLURM_JOB_GPUS"
         return [], f"{len(slurm)} given by Slurm"
-    lws = env_int(ctx, "LOCAL_WORLD_SIZE")
-    if lws is not None and lws > 0:
-        if count < lws:
-            return [Problem(Status.FAIL, "GpuCountMismatch",
-                            f"LOCAL_WORLD_SIZE={lws} but NVML sees only {count} GPU(s)",
-                            _count_remedy())], f">= {lws} (LOCAL_WORLD_SIZE)"
-        return [], f">= {lws} for LOCAL_WORLD_SIZE"
+    # LOCAL_WORLD_SIZE against the GPUs is the job's setting, judged once, by cuda_devices
+    # (LocalWorldSizeTooBig, scope job) against the GPUs CUDA will really expose.
     if count == 0:
-        return [Problem(Status.FAIL, "NoGpu", "NVML sees no GPU",
+        return [Finding(Status.FAIL, "NoGpu", "NVML sees no GPU",
                         _count_remedy() + " On a CPU-only node pass --expect-gpus 0.")], ">= 1"
     return [], ""
 
@@ -178,7 +164,7 @@ def run(ctx: Context) -> Result:
     seen = {g.pci_bus_id for g in snap.gpus if g.pci_bus_id}
     off_bus = [b for b in snap.pci_gpu_bus_ids if b not in seen]
     if off_bus and len(snap.pci_gpu_bus_ids) > len(snap.gpus):
-        problems.append(Problem(
+        problems.append(Finding(
             Status.FAIL, "GpuMissingFromNvml",
             f"{len(snap.pci_gpu_bus_ids)} NVIDIA GPUs on the PCI bus but NVML enumerates "
             f"{len(snap.gpus)}; not seen by NVML: {', '.join(off_bus)}",
@@ -194,13 +180,8 @@ def run(ctx: Context) -> Result:
         "driver_version": snap.driver_version,
         "gpus": [_gpu_details(g) for g in snap.gpus],
     }
-    if problems:
-        worst = max(problems, key=lambda p: p.status)
-        ordered = sorted(problems, key=lambda p: -p.status)
-        return Result(NAME, worst.status, worst.reason,
-                      "; ".join(p.message for p in ordered),
-                      " ".join(dict.fromkeys(p.remedy for p in ordered)), details=details)
-    return Result(NAME, Status.PASS, "GpusHealthy", _summary(snap, expectation), details=details)
+    return fold(NAME, problems, ok_reason="GpusHealthy", summary=_summary(snap, expectation),
+                details=details, summary_up_to=Status.PASS)
 
 
 def _gpu_details(g: Gpu) -> dict[str, object]:

@@ -4,11 +4,13 @@ What: once a launcher is detected (torchrun: TORCHELASTIC_RUN_ID; env://: any of
 WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK; Slurm: SLURM_JOB_ID, SLURM_PROCID, SLURM_STEP_ID), the
 variables it must set are present and read as integers the way torch reads them (``int()``), and
 they agree: 0 <= RANK < WORLD_SIZE, 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE <= WORLD_SIZE,
-0 <= GROUP_RANK < GROUP_WORLD_SIZE, MASTER_PORT in 1..65535, SLURM_PROCID < SLURM_NTASKS ...
-(nccl.md section 4; pure logic in :mod:`preflight.launcher`).
+0 <= GROUP_RANK < GROUP_WORLD_SIZE, SLURM_PROCID < SLURM_NTASKS ...
+(pure logic in :mod:`preflight.jobenv.launcher`). The values of MASTER_ADDR and MASTER_PORT
+are judged by ``master_port`` alone (this check only wants them present).
 
 Why: without RANK, init_process_group("env://") dies with "Invalid environment variable: RANK"
-(the article, section 2: launch with torchrun, or pass rank= and world_size=); a stale or
+(launch with torchrun, or pass rank= and world_size=; PyTorch docs, "Environment variable
+initialization" of torch.distributed); a stale or
 hand-written WORLD_SIZE makes the rendezvous wait for ranks that never come. LOCAL_WORLD_SIZE
 against the GPUs CUDA can see is judged by ``cuda_devices``.
 
@@ -20,11 +22,12 @@ GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK). Knobs: none.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from preflight import launcher
-from preflight.context import Context
-from preflight.model import Result, Status
+from preflight.core.context import Context
+from preflight.core.result import Result, Status, fold
+from preflight.jobenv import launcher
 
 NAME = "launcher_env"
 
@@ -51,15 +54,14 @@ def run(ctx: Context) -> Result:
                       f"Slurm prolog of job {ctx.env.get('SLURM_JOB_ID', '?')}: ranks do not "
                       "exist yet, launcher variables are checked inside the job", details=details)
     names = " + ".join(x.value for x in found.launchers)
-    if found.issues:
-        top = found.issues[0]
-        details["problems"] = [i.reason for i in found.issues]
-        message = f"{names}: {top.message}"
-        if len(found.issues) > 1:
-            message += "; also: " + "; ".join(i.message for i in found.issues[1:])
-        status = Status.FAIL if top.severity is launcher.Severity.FAIL else Status.WARN
-        return Result(NAME, status, top.reason, message, top.remedy, details=details)
-    shown = ", ".join(f"{k}={found.ints[k]}" for k in _SHOWN if k in found.ints)
+    values: dict[str, object] = {**found.ints}
+    if "MASTER_PORT" in ctx.env:  # shown as given; master_port judges it
+        values["MASTER_PORT"] = ctx.env["MASTER_PORT"]
+    shown = ", ".join(f"{k}={values[k]}" for k in _SHOWN if k in values)
     addr = ctx.env.get("MASTER_ADDR")
     where = f", MASTER_ADDR={addr}" if addr else ""
-    return Result(NAME, Status.PASS, "LauncherOk", f"{names}: {shown}{where}", details=details)
+    result = fold(NAME, found.issues, ok_reason="LauncherOk", summary=f"{names}: {shown}{where}",
+                  details=details, summary_up_to=Status.PASS)
+    if result.status is Status.PASS:
+        return result
+    return replace(result, message=f"{names}: {result.message}")

@@ -7,10 +7,14 @@ result names the holder (pid, name, user, through psutil when visible) and a por
 other nodes the check SKIPs, unless ``--probe-master`` asks for a TCP connect to
 MASTER_ADDR:MASTER_PORT (2 s deadline; "refused" only means rank 0 is not up yet).
 
-Why: the article (section 2.2): "Address already in use" is one of the most common start-up
-errors; MASTER_PORT is rank 0's rendezvous port, and two jobs on one node with the default 29500
+Why: "Address already in use" is one of the most common start-up errors of torchrun jobs;
+MASTER_PORT is rank 0's rendezvous port, and two jobs on one node with the default 29500
 collide -- the second one dies. All nodes must use the same port and reach it, or they wait until
 "Initialization timed out".
+
+Scope: a port in use, a privileged port, a malformed or unresolvable MASTER_ADDR are the job's own
+settings (scope job: reported to the job, never a drain); an unreachable rank 0 is the node's. This
+check owns MASTER_ADDR and MASTER_PORT: ``network`` and ``launcher_env`` leave them to it.
 
 Knobs: ``probe_master`` (``--probe-master``, default False).
 """
@@ -22,12 +26,9 @@ import ipaddress
 import socket
 from typing import Any
 
-from preflight.checks.common import env_int
-from preflight.checks.network import net_facts, resolve_master
-from preflight.context import Context
-from preflight.model import Result, Status
-from preflight.netparse import ParseError, parse_master_addr, parse_master_port
-from preflight.runner import activity
+from preflight.core.context import Context, activity
+from preflight.core.result import Result, Scope, Status
+from preflight.jobenv.netvars import ParseError, parse_master_addr, parse_master_port
 
 NAME = "master_port"
 #: Deadline of the --probe-master TCP connect, seconds.
@@ -66,7 +67,8 @@ def _check_bind(ctx: Context, port: int, details: dict[str, Any], why: str) -> R
         return Result(NAME, Status.FAIL, "MasterPortPrivileged",
                       f"MASTER_PORT {port} needs privileges to listen on (ports below 1024); "
                       "rank 0 will fail with 'Permission denied'.",
-                      "export MASTER_PORT=29500 (or any free port from 1024 up)", details=details)
+                      "export MASTER_PORT=29500 (or any free port from 1024 up)", details=details,
+                      scope=Scope.JOB)
     if err.errno != errno.EADDRINUSE:
         raise err
     text, holders, pids = _holders_text(port)
@@ -86,7 +88,7 @@ def _check_bind(ctx: Context, port: int, details: dict[str, Any], why: str) -> R
                   "with 'Address already in use'.",
                   (f"export MASTER_PORT={free} (free now)" if free else
                    "export MASTER_PORT=$((RANDOM + 20000))") + stop,
-                  details=details)
+                  details=details, scope=Scope.JOB)
 
 
 def run(ctx: Context) -> Result:
@@ -101,10 +103,11 @@ def run(ctx: Context) -> Result:
         port = parse_master_port(raw_port)
     except ParseError as exc:
         return Result(NAME, Status.FAIL, "MasterPortInvalid", f"{exc}.",
-                      "export MASTER_PORT=29500 (the same value on every node)", details=details)
+                      "export MASTER_PORT=29500 (the same value on every node)", details=details,
+                      scope=Scope.JOB)
     details["port"] = port
     port_note = "" if raw_port is not None else " (MASTER_PORT unset: torchrun's default)"
-    rank = env_int(ctx, "RANK")
+    rank = ctx.env_int("RANK")
 
     if raw_addr is None:
         # torchrun's default --master-addr is 127.0.0.1: a single-node job on this node.
@@ -119,21 +122,21 @@ def run(ctx: Context) -> Result:
     except ParseError as exc:
         return Result(NAME, Status.FAIL, "MasterAddrInvalid", f"{exc}.",
                       "export MASTER_ADDR=<rank 0's hostname or IP, as every node resolves it>",
-                      details=details)
+                      details=details, scope=Scope.JOB)
     try:
-        addrs = resolve_master(ctx, master.host)
+        addrs = ctx.resolve(master.host)
     except socket.gaierror as exc:
         return Result(NAME, Status.FAIL, "MasterAddrUnresolved",
                       f"MASTER_ADDR={raw_addr!r} does not resolve on this node "
                       f"({exc.strerror or exc}); every rank connects to it.",
                       "Use an IP, or add rank 0's name to DNS / /etc/hosts on every node: "
-                      "export MASTER_ADDR=<rank 0's IP>", details=details)
+                      "export MASTER_ADDR=<rank 0's IP>", details=details, scope=Scope.JOB)
     if not addrs:
         return Result(NAME, Status.FAIL, "MasterAddrUnresolved",
                       f"MASTER_ADDR={raw_addr!r} resolves to no IPv4/IPv6 address.",
-                      "export MASTER_ADDR=<rank 0's IP>", details=details)
+                      "export MASTER_ADDR=<rank 0's IP>", details=details, scope=Scope.JOB)
     details["resolved"] = [a for _, a in addrs]
-    local = {a for i in net_facts(ctx).interfaces for _, a, _ in i.addresses}
+    local = {a for i in ctx.interfaces().interfaces for _, a, _ in i.addresses}
     mine = [a for _, a in addrs if a in local or ipaddress.ip_address(a).is_loopback]
     if rank == 0 or mine:
         why = f"RANK={rank}" if rank == 0 else f"MASTER_ADDR {mine[0]} is this node's address"

@@ -6,7 +6,7 @@ creating shared memory segment" from 4 GPUs on, or hang half-way through trainin
 section 3.2). DataLoader workers pass tensors through it too ("Bus error").
 
 Need: max(``shm_min_bytes`` (1 GiB), 9.2 MiB x ``shm_channels`` (16) x local peers) where local
-peers = local GPUs - 1 (nccl.md section 6). Both the size and the free space must reach it.
+peers = local GPUs - 1. Both the size and the free space must reach it.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import contextlib
 import os
 import uuid
 
-from preflight.checks.common import job_gpu_count
-from preflight.context import Context
-from preflight.model import Result, Status
-from preflight.units import fmt_bytes
+from preflight.checks.job_gpus import job_gpu_count
+from preflight.core.context import Context
+from preflight.core.result import Result, Status
+from preflight.core.units import fmt_bytes
 
 NAME = "shm"
-#: Bytes of one NCCL SHM connection (one per channel per peer); derived in nccl.md section 6.
+#: Bytes of one NCCL SHM connection (NCCL's SHM transport allocates one per channel per peer).
 SHM_BYTES_PER_CONNECTION = 9_637_888
 DOCKER_DEFAULT_SHM_BYTES = 64 * 1024 * 1024
 

@@ -1,7 +1,8 @@
 """``versions``: this node's environment fingerprint, and whether it matches the golden one.
 
 What: python, torch and the CUDA it was built with, cuDNN, NCCL (``ncclGetVersion``), the driver,
-the watched packages and optional sha256 of code/data paths (see :mod:`preflight.fingerprint`),
+the watched packages and optional sha256 of code/data paths (see
+:mod:`preflight.probes.fingerprint`),
 read without importing torch. With a golden fingerprint (``--golden FILE``), every difference is
 named: ``scikit-learn: 1.5.0 on this node, 1.3.2 in golden``.
 
@@ -36,9 +37,9 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from preflight import fingerprint as fpmod
-from preflight.context import Context
-from preflight.model import Result, Status
+from preflight.core.context import Context
+from preflight.core.result import Result, Status
+from preflight.probes import fingerprint as fpmod
 from preflight.probes.pyenv import PyEnvError
 
 NAME = "versions"

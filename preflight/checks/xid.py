@@ -20,10 +20,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from preflight.context import Context
-from preflight.kernlog import XidClass, XidEvent, gpu_key, scan
-from preflight.model import Result, Status
-from preflight.runner import activity
+from preflight.core.context import Context, activity
+from preflight.core.result import Result, Status
+from preflight.probes.kernlog import XidClass, XidEvent, gpu_key, scan
 
 NAME = "xid"
 #: A log whose first record is this close to boot covers the whole boot.

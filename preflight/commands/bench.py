@@ -11,7 +11,7 @@ import json
 import sys
 
 from preflight.cli import Formatter, add_config_options, build_context
-from preflight.model import ExitCode, exit_code
+from preflight.core.result import ExitCode, exit_code
 
 
 def _size(text: str) -> int:

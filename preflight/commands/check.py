@@ -7,8 +7,8 @@ import sys
 
 from preflight.checks import CHECKS
 from preflight.cli import Formatter, add_config_options, build_context, emit_report, report_exit
-from preflight.model import ExitCode
-from preflight.runner import SelectionError, run_checks, select
+from preflight.core.result import ExitCode
+from preflight.core.runner import SelectionError, run_checks, select
 
 
 def _names(text: str) -> list[str]:

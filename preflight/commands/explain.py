@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import BinaryIO
 
 from preflight.cli import Formatter
-from preflight.model import ExitCode
+from preflight.core.result import ExitCode
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from preflight.cli import Formatter, add_config_options, build_context
-from preflight.model import ExitCode
+from preflight.core.result import ExitCode
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -50,7 +50,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _human(fp: dict[str, Any]) -> str:
-    from preflight.fingerprint import summary
+    from preflight.probes.fingerprint import summary
 
     meta = fp.get("meta") or {}
     lines = [summary(fp), f"sha256      {fp['sha256']}", f"python      {meta.get('executable')}"]
@@ -61,7 +61,7 @@ def _human(fp: dict[str, Any]) -> str:
 
 
 def run_fingerprint(args: argparse.Namespace) -> int:
-    from preflight.fingerprint import gather
+    from preflight.probes.fingerprint import gather
     from preflight.probes.pyenv import PyEnvError
 
     ctx = build_context(args, {"python": args.python})
@@ -79,7 +79,7 @@ def run_fingerprint(args: argparse.Namespace) -> int:
 
 
 def run_diff(args: argparse.Namespace) -> int:
-    from preflight.fingerprint import FingerprintError, diff, load
+    from preflight.probes.fingerprint import FingerprintError, diff, load
 
     try:
         a, b = load(args.a), load(args.b)

@@ -1,11 +1,14 @@
 """``preflight prolog``: the node checks as a Slurm Prolog / HealthCheckProgram.
 
 Slurm drains a node and requeues (holds) the job on any non-zero prolog exit, so this command is
-careful about what it lets through (ecosystem.md section 1):
+careful about what it lets through (Slurm docs, slurm.conf: Prolog, HealthCheckProgram):
 
-- a check FAILED (the node is bad): ``scontrol update nodename=<node> state=drain
-  reason="preflight: <check> <Reason>, ..."``, then exit 1. The custom reason survives Slurm's own
-  "Prolog error" drain, so ``sinfo -R`` says what is wrong.
+- a check FAILED and the node is to blame (scope node): ``scontrol update nodename=<node>
+  state=drain reason="preflight: <check> <Reason>, ..."``, then exit 1. The custom reason survives
+  Slurm's own "Prolog error" drain, so ``sinfo -R`` says what is wrong.
+- a check FAILED because of the job's own setting (scope job: a duplicate CUDA_VISIBLE_DEVICES
+  entry, RANK >= WORLD_SIZE, a MASTER_PORT in use, ...): reported on stderr, exit 0; a job's mistake
+  never drains a node.
 - WARN: exit 0 (warnings never drain a node).
 - could not decide (a check ERRORED or timed out) or a configuration error: logged to stderr (the
   slurmd log), exit 0, so a preflight bug or a typo in the config does not drain the whole
@@ -28,9 +31,9 @@ from pathlib import Path
 
 from preflight.checks import CHECKS
 from preflight.cli import Formatter, add_config_options, build_context
-from preflight.config import ConfigError
-from preflight.model import Report, Status
-from preflight.runner import SelectionError, run_checks, select
+from preflight.core.config import ConfigError
+from preflight.core.result import Report, Scope, Status
+from preflight.core.runner import SelectionError, run_checks, select
 
 #: Slurm keeps reasons short in `sinfo -R`; longer ones are cut here, not by Slurm.
 MAX_REASON_CHARS = 200
@@ -67,9 +70,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def drain_reason(report: Report, *, undecided: bool = False) -> str:
-    """``preflight: gpu_visible GpuLost, shm ShmTooSmall`` from the worst results."""
-    want = (Status.ERROR,) if undecided else (Status.FAIL,)
-    parts = [f"{r.check} {r.reason}" for r in report.results if r.status in want]
+    """``preflight: gpu_visible GpuLost, shm ShmTooSmall`` from the node's faults (or, with
+    ``undecided``, from the checks that could not decide)."""
+    want = Status.ERROR if undecided else Status.FAIL
+    parts = [f"{r.check} {r.reason}" for r in report.results
+             if r.status is want and r.scope is not Scope.JOB]
     text = "preflight: " + (", ".join(parts) or "undecided")
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
 
@@ -110,12 +115,12 @@ def run(args: argparse.Namespace) -> int:
     for r in report.results:
         if r.status >= Status.WARN:
             fix = f" fix: {r.remedy}" if r.remedy else ""
-            print(f"preflight prolog: {r.status.name} {r.check} {r.reason}: {r.message}{fix}",
-                  file=sys.stderr)
-    if report.status is Status.FAIL:
+            print(f"preflight prolog: {r.status.name} {r.check} {r.reason} "
+                  f"(scope {r.scope.value}): {r.message}{fix}", file=sys.stderr)
+    if report.node_status is Status.FAIL:
         drain(scontrol, node, drain_reason(report))
         return 1
-    if report.status is Status.ERROR and args.fail_closed:
+    if report.node_status is Status.ERROR and args.fail_closed:
         drain(scontrol, node, drain_reason(report, undecided=True))
         return 1
     return 0

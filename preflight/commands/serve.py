@@ -12,8 +12,8 @@ import os
 import sys
 
 from preflight.cli import Formatter, add_config_options
-from preflight.config import Config, load
-from preflight.model import ExitCode
+from preflight.core.config import Config, load
+from preflight.core.result import ExitCode
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

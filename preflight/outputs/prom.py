@@ -31,12 +31,13 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from preflight import __version__
-from preflight.config import ConfigError
-from preflight.model import Report, Result, Status
+from preflight.checks.gpu_visible import NAME as GPU_VISIBLE
+from preflight.checks.memlock import NAME as MEMLOCK
+from preflight.checks.shm import NAME as SHM
+from preflight.core.config import ConfigError
+from preflight.core.result import Report, Result, Status
 
 NAN = float("nan")
-#: Name of the bandwidth check (built by the bandwidth issue); its figures become gauges.
-ALLREDUCE_CHECK = "allreduce"
 
 
 @dataclass(frozen=True)
@@ -81,98 +82,67 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
-def _detail(result: Result | None, *keys: str, scale: float = 1.0) -> float:
-    """The first numeric ``details[key]`` of ``result``, times ``scale``; NaN when absent."""
-    if result is None:
-        return NAN
-    for key in keys:
-        value = _number(result.details.get(key))
-        if value is not None:
-            return value * scale
-    return NAN
+def _detail(result: Result | None, key: str) -> float:
+    """``result.details[key]`` as a number; NaN when the check did not run or did not say."""
+    value = _number(result.details.get(key)) if result is not None else None
+    return NAN if value is None else value
 
 
 def bandwidth_figures(report: Report | None) -> tuple[float, float]:
-    """(bus bandwidth in bytes/s, link efficiency ratio) of the last all-reduce; NaN if unknown.
-
-    Read from ``Report.bandwidth`` first, then from the ``allreduce`` result's details. Accepted
-    keys: ``busbw_bytes_per_second`` or ``busbw_gbps`` (GB/s = 1e9 B/s as nccl-tests), and
-    ``link_efficiency_ratio`` or ``link_efficiency`` (0..1).
-    """
-    if report is None:
+    """(bus bandwidth in bytes/s, link efficiency ratio) of the last all-reduce, from
+    ``Report.bandwidth`` (``busbw_gbps``: GB/s = 1e9 B/s as nccl-tests; ``link_efficiency``: 0..1);
+    NaN when not measured."""
+    bandwidth = report.bandwidth if report is not None else None
+    if not bandwidth:
         return NAN, NAN
-    sources: list[Mapping[str, Any]] = []
-    if report.bandwidth:
-        sources.append(report.bandwidth)
-    result = report.result(ALLREDUCE_CHECK)
-    if result is not None and result.status is not Status.SKIP:
-        sources.append(result.details)
-    busbw = efficiency = NAN
-    for src in sources:
-        if math.isnan(busbw):
-            raw = _number(src.get("busbw_bytes_per_second"))
-            gbps = _number(src.get("busbw_gbps"))
-            busbw = raw if raw is not None else gbps * 1e9 if gbps is not None else NAN
-        if math.isnan(efficiency):
-            eff = _number(src.get("link_efficiency_ratio"))
-            eff = eff if eff is not None else _number(src.get("link_efficiency"))
-            efficiency = eff if eff is not None else NAN
-    return busbw, efficiency
-
-
-def fingerprint_of(report: Report | None) -> Mapping[str, Any] | None:
-    """``Report.fingerprint``, else the ``versions`` check's ``details["fingerprint"]``."""
-    if report is None:
-        return None
-    if report.fingerprint:
-        return report.fingerprint
-    versions = report.result("versions")
-    fp = versions.details.get("fingerprint") if versions is not None else None
-    return fp if isinstance(fp, Mapping) else None
+    gbps = _number(bandwidth.get("busbw_gbps"))
+    efficiency = _number(bandwidth.get("link_efficiency"))
+    return (gbps * 1e9 if gbps is not None else NAN,
+            efficiency if efficiency is not None else NAN)
 
 
 #: Top-level fingerprint fields that are versions too; their skew across nodes breaks NCCL jobs
-#: as surely as a package's (the article: one node's different NCCL or driver hangs the ring).
+#: as surely as a package's (one node's different NCCL or driver can hang the ring).
 FINGERPRINT_VERSION_KEYS = ("python", "cuda", "cudnn", "nccl", "driver")
 
 
 def package_versions(fingerprint: Mapping[str, Any] | None) -> dict[str, str]:
-    """``{package: version}`` from a fingerprint: its ``packages`` (a mapping, or a list of
-    ``{"name", "version"}``) plus the top-level python/cuda/cudnn/nccl/driver versions; unknown
-    versions (None) are left out."""
+    """``{package: version}`` from ``Report.fingerprint``: its ``packages`` mapping plus the
+    top-level python/cuda/cudnn/nccl/driver versions; unknown versions (None) are left out."""
     if not fingerprint:
         return {}
     packages = fingerprint.get("packages")
     items: list[tuple[Any, Any]] = [(k, fingerprint.get(k)) for k in FINGERPRINT_VERSION_KEYS]
     if isinstance(packages, Mapping):
         items += list(packages.items())
-    elif isinstance(packages, list):
-        items += [(p.get("name"), p.get("version")) for p in packages if isinstance(p, Mapping)]
-    found: dict[str, str] = {}
-    for name, raw in items:
-        version = raw.get("version") if isinstance(raw, Mapping) else raw
-        if isinstance(name, str) and name and isinstance(version, (str, int, float)) \
-                and not isinstance(version, bool):
-            found[name] = str(version)
-    return found
+    return {name: str(version) for name, version in items
+            if isinstance(name, str) and name and isinstance(version, (str, int, float))
+            and not isinstance(version, bool)}
 
 
 def gpu_counts(result: Result | None) -> tuple[float, float]:
     """(GPUs that answer, GPUs expected) from the ``gpu_visible`` result; NaN when unknown.
 
     Visible counts the entries of ``details["gpus"]`` without an ``error`` (a lost GPU is listed
-    but does not answer); expected is ``details["expected"]`` (None = not configured).
+    but does not answer), 0 when NVML is unavailable; expected is ``details["expected"]`` (None =
+    not configured).
     """
     if result is None:
         return NAN, NAN
     gpus = result.details.get("gpus")
     if isinstance(gpus, list):
         visible = float(sum(1 for g in gpus if isinstance(g, Mapping) and not g.get("error")))
-    elif result.reason == "NvmlUnavailable":
-        visible = 0.0
     else:
-        visible = _detail(result, "visible", "count")
-    return visible, _detail(result, "expected", "expected_gpus")
+        visible = 0.0 if result.reason == "NvmlUnavailable" else NAN
+    return visible, _detail(result, "expected")
+
+
+def memlock_limit(result: Result | None) -> float:
+    """The ``memlock`` check's soft limit in bytes: +Inf when unlimited, NaN when not checked."""
+    if result is None or result.status is Status.SKIP or "soft_bytes" not in result.details:
+        return NAN
+    soft = _number(result.details["soft_bytes"])
+    return math.inf if result.details["soft_bytes"] is None else soft if soft is not None else NAN
 
 
 class ReportCollector(Collector):
@@ -210,11 +180,12 @@ class ReportCollector(Collector):
         yield duration
         yield result_info
 
-        healthy = report is not None and report.status <= Status.WARN
+        healthy = report is not None and report.node_status <= Status.WARN
         yield GaugeMetricFamily(
             "preflight_node_healthy",
-            "1 when the last run found nothing worse than WARN (the exit code of preflight check "
-            "would be 0); 0 otherwise and before the first run.", value=1.0 if healthy else 0.0)
+            "1 when the last run found no node fault worse than WARN (a job's own setting, scope "
+            "job, does not count: the prolog would not drain); 0 otherwise and before the first "
+            "run.", value=1.0 if healthy else 0.0)
         yield GaugeMetricFamily(
             "preflight_last_run_timestamp_seconds",
             "Unix time the last node-check run finished; 0 = no run yet.",
@@ -230,13 +201,17 @@ class ReportCollector(Collector):
             "Last all-reduce busbw divided by the theoretical link bandwidth read from NVML; "
             "NaN until measured.", value=efficiency)
 
-        shm = results.get("shm")
+        shm = results.get(SHM)
         yield GaugeMetricFamily("preflight_shm_size_bytes", "Size of /dev/shm; NaN if unknown.",
                                 value=_detail(shm, "size_bytes"))
         yield GaugeMetricFamily("preflight_shm_free_bytes",
                                 "Free space in /dev/shm; NaN if unknown.",
                                 value=_detail(shm, "free_bytes"))
-        visible, expected = gpu_counts(results.get("gpu_visible"))
+        yield GaugeMetricFamily(
+            "preflight_memlock_limit_bytes",
+            "Locked-memory limit (ulimit -l) on a node with RDMA ports; +Inf = unlimited; NaN "
+            "when not checked (no RDMA port).", value=memlock_limit(results.get(MEMLOCK)))
+        visible, expected = gpu_counts(results.get(GPU_VISIBLE))
         yield GaugeMetricFamily("preflight_gpu_visible", "GPUs NVML sees and that answer; NaN if "
                                 "unknown.", value=visible)
         yield GaugeMetricFamily("preflight_gpu_expected", "GPUs this node must show (expect_gpus); "
@@ -245,7 +220,7 @@ class ReportCollector(Collector):
         yield from _xid_metrics(results.get("xid"), snap.daemon)
         yield from _fabric_metrics(results.get("fabric"))
 
-        fingerprint = fingerprint_of(report)
+        fingerprint = report.fingerprint if report is not None else None
         packages = InfoMetricFamily(
             "preflight_package",
             "Version of each watched package of the training environment (one series each).",

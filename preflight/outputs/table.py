@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import textwrap
 
-from preflight.model import Report, Status
+from preflight.core.result import Report, Status
 
 _COLOURS = {
     Status.PASS: "\033[32m",

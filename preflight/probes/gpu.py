@@ -94,12 +94,6 @@ class GpuSnapshot:
     gpus: tuple[Gpu, ...] = ()
     pci_gpu_bus_ids: tuple[str, ...] = field(default=())
 
-    def by_uuid(self, uuid: str) -> Gpu | None:
-        for gpu in self.gpus:
-            if gpu.uuid == uuid:
-                return gpu
-        return None
-
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -4,7 +4,7 @@ Reads the files the kernel documents (Documentation/ABI/stable/sysfs-class-infin
 ``state``, ``phys_state``, ``rate``, ``link_layer``, ``counters/*`` and, for the GID index NCCL is
 told to use, ``gids/<i>`` and ``gid_attrs/types/<i>``. sysfs files answer from the driver without
 blocking on the fabric; the check still runs this under its deadline.
-Parsing: :mod:`preflight.ibparse`.
+Parsing: :mod:`preflight.probes.ibparse`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from preflight.ibparse import ERROR_COUNTERS, parse_counter, parse_numbered
+from preflight.probes.ibparse import ERROR_COUNTERS, parse_counter, parse_numbered
 
 #: Most ports read (a node has a handful; a bound keeps a strange tree from costing seconds).
 MAX_PORTS = 256

@@ -9,7 +9,7 @@ log since boot) is tried, with a deadline. Under ``--root`` other than ``/`` jou
 ``<root>/var/log/journal``. A regular file at ``<root>/dev/kmsg`` (a test fixture, a saved log)
 is read whole.
 
-Pure parsing of what is read: :mod:`preflight.kernlog`.
+Pure parsing of what is read: :mod:`preflight.probes.kernlog`.
 """
 
 from __future__ import annotations

@@ -18,19 +18,19 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import ipaddress
 import os
 import socket
 import struct
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-import netifaces
 import psutil
 
-from preflight.netparse import IbPort, IfAddr, parse_ib_state
+from preflight.jobenv.netvars import IbPort, IfAddr, parse_ib_state
 
 T = TypeVar("T")
 
@@ -100,6 +100,8 @@ def _ioctl_int(sock: socket.socket, request: int, name: str, fmt: str) -> int | 
 
 def probe_interfaces() -> NetSnapshot:
     """Read every interface of this network namespace (a few hundred microseconds)."""
+    import netifaces  # here, not at the top: the data types and fixtures work without it
+
     names = list(netifaces.interfaces())
     interfaces: list[NetIf] = []
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -114,18 +116,24 @@ def probe_interfaces() -> NetSnapshot:
                         addrs.append((family, a["addr"].split("%", 1)[0], a.get("netmask")))
             interfaces.append(NetIf(name, bool(flags & IFF_UP), bool(flags & IFF_RUNNING),
                                     bool(flags & IFF_LOOPBACK), mtu, tuple(addrs)))
-    entries = tuple(
-        IfAddr(i.name, fam, addr, i.running, mask)
-        for family in (socket.AF_INET, socket.AF_INET6)
-        for i in interfaces
-        for fam, addr, mask in i.addresses if fam == family)
     gateways: dict[int, tuple[str, ...]] = {}
     with contextlib.suppress(OSError, ValueError, KeyError):
         raw = netifaces.gateways()
         for family in (socket.AF_INET, socket.AF_INET6):
             routes: Any = raw.get(family, [])
             gateways[family] = tuple(str(g[1]) for g in routes if len(g) > 2 and g[2])
-    return NetSnapshot(tuple(interfaces), entries, gateways)
+    return make_snapshot(interfaces, gateways)
+
+
+def make_snapshot(interfaces: Sequence[NetIf],
+                  default_gateway_ifs: Mapping[int, tuple[str, ...]] | None = None) -> NetSnapshot:
+    """A snapshot of ``interfaces`` with the address order NCCL walks (live or fixture)."""
+    entries = tuple(
+        IfAddr(i.name, fam, addr, i.running, mask)
+        for family in (socket.AF_INET, socket.AF_INET6)
+        for i in interfaces
+        for fam, addr, mask in i.addresses if fam == family)
+    return NetSnapshot(tuple(interfaces), entries, dict(default_gateway_ifs or {}))
 
 
 @dataclass(frozen=True)
@@ -331,3 +339,77 @@ def tcp_connect(family: int, address: str, port: int, *, timeout_s: float) -> st
         except OSError as exc:
             return exc.strerror or str(exc)
         return "connected"
+
+
+class NetProbe(Protocol):
+    """Source of network facts for the checks (the live kernel, or a fixture in tests)."""
+
+    def interfaces(self) -> NetSnapshot:
+        """Every interface of this network namespace."""
+        ...
+
+    def ib(self, path: Path) -> IbSnapshot:
+        """The RDMA ports under ``path`` (``<root>/sys/class/infiniband``)."""
+        ...
+
+    def resolve(self, host: str, *, timeout_s: float) -> tuple[tuple[int, str], ...]:
+        """(family, address) of ``host``; raises socket.gaierror / TimeoutError."""
+        ...
+
+    def route_source(self, family: int, address: str) -> str:
+        """The source address the kernel picks to reach ``address``; raises OSError."""
+        ...
+
+
+class LiveNetProbe:
+    """The kernel of this process's network namespace (:func:`probe_interfaces`, ...)."""
+
+    def interfaces(self) -> NetSnapshot:
+        return probe_interfaces()
+
+    def ib(self, path: Path) -> IbSnapshot:
+        return probe_ib(path)
+
+    def resolve(self, host: str, *, timeout_s: float) -> tuple[tuple[int, str], ...]:
+        return resolve(host, timeout_s=timeout_s)
+
+    def route_source(self, family: int, address: str) -> str:
+        return route_source(family, address)
+
+
+@dataclass(frozen=True)
+class FixtureNetProbe:
+    """Made-up network facts, so ``network`` is tested without root or namespaces.
+
+    Attributes:
+        snapshot: the interfaces.
+        ib_ports: the RDMA snapshot (default: none present).
+        hosts: name -> addresses; a name not listed does not resolve.
+        routes: destination address -> source address; a destination not listed has no route.
+    """
+
+    snapshot: NetSnapshot
+    ib_ports: IbSnapshot | None = None
+    hosts: Mapping[str, tuple[tuple[int, str], ...]] = field(default_factory=dict)
+    routes: Mapping[str, str] = field(default_factory=dict)
+
+    def interfaces(self) -> NetSnapshot:
+        return self.snapshot
+
+    def ib(self, path: Path) -> IbSnapshot:
+        return self.ib_ports or IbSnapshot(str(path), False, ())
+
+    def resolve(self, host: str, *, timeout_s: float) -> tuple[tuple[int, str], ...]:
+        if host in self.hosts:
+            return tuple(self.hosts[host])
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known") from None
+        return ((socket.AF_INET6 if ":" in host else socket.AF_INET, host),)
+
+    def route_source(self, family: int, address: str) -> str:
+        if address in self.routes:
+            return self.routes[address]
+        raise OSError(errno.ENETUNREACH, "Network is unreachable")
+

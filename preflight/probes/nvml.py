@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from preflight.pci import normalize_bus_id
 from preflight.probes.gpu import Gpu, GpuSnapshot, MigInstance, NvLink, PcieLink
+from preflight.probes.pci import normalize_bus_id
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

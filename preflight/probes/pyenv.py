@@ -11,7 +11,8 @@ Why without importing torch: ``import torch`` costs seconds and initialises CUDA
   distribution is slow on a big site-packages).
 * ``ncclGetVersion`` through :mod:`ctypes` from ``libnccl.so.2`` of the ``nvidia-nccl-cu*`` wheel
   (the one a pip torch loads through its RPATH), else the system's; it returns an int such as
-  22809 = 2.28.9 (nccl.md section 4). Without a loadable library: the wheel's version, else None.
+  22809 = 2.28.9 (NCCL_VERSION_CODE, nccl.h). Without a loadable library: the wheel's version,
+  else None.
 
 This module is deliberately **stdlib-only and Python 3.8 compatible at run time**: when the
 training environment is another interpreter (``--python``, config key ``python``), its own source

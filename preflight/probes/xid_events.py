@@ -61,7 +61,7 @@ class NvmlXidEvents:
     def open(self) -> Mapping[str, str]:
         import pynvml
 
-        from preflight.kernlog import gpu_key
+        from preflight.probes.kernlog import gpu_key
 
         pynvml.nvmlInit()
         self._nvml = pynvml
@@ -145,7 +145,7 @@ def kernel_log_catch_up(root: Path, *, deadline_s: float = 5.0) -> CatchUp:
     """The Xids since boot from the kernel log under ``root``, labelled like NVML events."""
 
     def catch_up(bus: Mapping[str, str]) -> list[XidNotice]:
-        from preflight.kernlog import scan
+        from preflight.probes.kernlog import scan
         from preflight.probes.kmsg import read_kernel_log
 
         kl = read_kernel_log(root, deadline_s=deadline_s)

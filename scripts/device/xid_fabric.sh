@@ -40,7 +40,7 @@ sec "the kernel log as the reader sees it: records, NVRM lines, Xids (classed)"
 run timeout 30 python3 - <<'PY'
 import time
 from pathlib import Path
-from preflight.kernlog import parse_kmsg, parse_journal, xids
+from preflight.probes.kernlog import parse_kmsg, parse_journal, xids
 from preflight.probes.kmsg import read_kernel_log, read_journal, uptime_s
 t = time.monotonic(); log = read_kernel_log(Path("/"), deadline_s=5.0); took = time.monotonic() - t
 lines = list(parse_kmsg(log.text) if log.form == "kmsg" else parse_journal(log.text))

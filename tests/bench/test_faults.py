@@ -21,7 +21,7 @@ from preflight.bench.parent import (
     run_workers,
 )
 from preflight.bench.verdict import judge
-from preflight.model import Status
+from preflight.core.result import Status
 
 SIZES = (1 << 20, 2 << 20, 4 << 20)
 

@@ -12,7 +12,7 @@ from preflight.bench.parent import (
     _step,
 )
 from preflight.bench.verdict import judge, render_table
-from preflight.model import Status
+from preflight.core.result import Status
 from tests import topologies
 
 GiB = 1 << 30

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from preflight.checks import master_port
-from preflight.model import Status
+from preflight.core.result import Status
 from tests.conftest import MakeCtx
 from tests.net.conftest import REPO
 
@@ -108,10 +108,16 @@ def test_bad_master_values_fail_with_exit_1(env: dict[str, str], reason: str,
     assert words in r["message"] and r["remedy"]
 
 
-def test_network_fails_on_bad_master_addr_for_multi_node() -> None:
-    rc, res, _ = cli({"MASTER_ADDR": "no-such-node.invalid"}, "--only", "network",
+def test_a_bad_master_addr_is_reported_once_by_master_port() -> None:
+    """One fault, one owner: master_port fails (scope job); network only says it could not judge
+    the route."""
+    rc, res, _ = cli({"MASTER_ADDR": "no-such-node.invalid"}, "--only", "network,master_port",
                      "--multi-node")
-    assert (rc, res["network"]["reason"]) == (1, "MasterAddrUnresolved")
+    assert rc == 1
+    assert (res["master_port"]["reason"], res["master_port"]["scope"]) == \
+        ("MasterAddrUnresolved", "job")
+    assert res["network"]["reason"] != "MasterAddrUnresolved"
+    assert "not judged" in res["network"]["message"]
 
 
 def test_unknown_check_name_is_usage_error() -> None:

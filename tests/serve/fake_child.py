@@ -21,10 +21,11 @@ import sys
 import time
 from pathlib import Path
 
-from preflight.config import Config
-from preflight.context import Context
-from preflight.model import Result, Status
-from preflight.runner import Check, run_checks
+from preflight.checks.base import Check
+from preflight.core.config import Config
+from preflight.core.context import Context
+from preflight.core.result import Result, Status
+from preflight.core.runner import run_checks
 
 
 def alpha(ctx: Context) -> Result:

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from preflight.config import Config
+from preflight.core.config import Config
+from preflight.core.result import Report, Result, Status
 from preflight.daemon import ChildRunner, Daemon, RunKind, parse_listen, running, sd_notify
-from preflight.model import Report, Result, Status
 from preflight.probes.gpu import GpuSnapshot
 from tests import topologies
 from tests.serve.conftest import FAKE_CHILD, REPO, get, samples, wait_for
@@ -48,9 +48,9 @@ class FakeRunner:
                 self.gate.wait(10)
             time.sleep(self.delay_s)
             if kind is RunKind.BANDWIDTH:
-                return Report(results=(Result("allreduce", Status.PASS, "BusbwOk", "fast",
-                                              details={"busbw_gbps": 370.0,
-                                                       "link_efficiency": 0.82}),))
+                # As the runner lifts it: the figures live in Report.bandwidth.
+                return Report(results=(Result("allreduce", Status.PASS, "BusbwOk", "fast"),),
+                              bandwidth={"busbw_gbps": 370.0, "link_efficiency": 0.82})
             return Report(results=tuple(Result(c, Status.PASS, "Ok", "fine") for c in expected))
         finally:
             with self._lock:
@@ -260,7 +260,7 @@ def test_listen_binds_exactly_the_address_given() -> None:
 
 
 def test_reload_keeps_the_old_config_when_the_new_one_is_bad() -> None:
-    from preflight.config import ConfigError
+    from preflight.core.config import ConfigError
 
     answers: list[Config | Exception] = [ConfigError("x.yaml: interval_s must be > 0, got -1"),
                                          config(interval_s=7.0)]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from preflight.model import Report, Result, Status
+from preflight.core.result import Report, Result, Status
 from preflight.outputs.prom import DaemonStats, MetricsSnapshot, render
 from tests.serve.conftest import REPO
 

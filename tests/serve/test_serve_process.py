@@ -36,7 +36,8 @@ def test_real_scrape_is_clean_for_promtool(serve: Serve) -> None:
     assert m["preflight_shm_size_bytes"] > 0
     assert m["preflight_last_run_timestamp_seconds"] > time.time() - 60
     # the allreduce check exists, but a job holds GPU 0: no bandwidth test
-    assert "bandwidth test deferred: compute processes use the GPUs (GPU 0: pid 1)" in sp.log()
+    # The wording of bench.gate.blocker, shared with the allreduce check's SKIP.
+    assert "bandwidth test deferred: compute processes use the GPUs: GPU 0 (pid 1)" in sp.log()
     assert m["preflight_allreduce_last_run_timestamp_seconds"] == 0
     text = get(f"{sp.url}/metrics").body
     if PROMTOOL is None:
@@ -60,7 +61,7 @@ def test_the_daemon_never_imports_torch(serve: Serve) -> None:
     assert "/torch/" not in maps
     # And in Python terms: building the CLI and a daemon loads no torch module.
     code = ("import sys; from preflight.cli import build_parser; build_parser(); "
-            "from preflight.daemon import Daemon; from preflight.config import Config; "
+            "from preflight.daemon import Daemon; from preflight.core.config import Config; "
             "Daemon(Config()); print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60, check=True)

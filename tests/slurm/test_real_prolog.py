@@ -70,8 +70,9 @@ def test_lost_gpu_drains_the_node_and_holds_the_job(slurm: SlurmCluster) -> None
         sinfo = slurm.run("sinfo", "--list-reasons", "--noheader", "--format=%E|%T|%N")
         assert sinfo.splitlines() == [f"{REASON}|drained|{slurm.node}"], sinfo
         # The check's message and remedy reach the slurmd log (a prolog's stderr on failure).
-        assert ("prolog failed: rc:1 output:preflight prolog: FAIL gpu_visible GpuLost: "
-                "GPU 0 does not answer") in (slurm.root / "slurmd.log").read_text(), slurm.logs()
+        assert ("prolog failed: rc:1 output:preflight prolog: FAIL gpu_visible GpuLost "
+                "(scope node): GPU 0 does not answer") in (slurm.root / "slurmd.log").read_text(), \
+            slurm.logs()
 
         # The operator's way back: fix the node, resume it, release the job; now it runs.
         write_fixture(slurm.nvml_fixture, topologies.single_h200_vm())

@@ -1,4 +1,4 @@
-"""One rank of the all-reduce test: the only module of the bench that imports torch.
+"""One rank of the all-reduce test: the only module of the bench that imports torch or NCCL.
 
 Started by :mod:`preflight.bench.parent` as ``python .../bench/worker.py --rank R ...``, one
 process per GPU (NCCL) or per ``--nproc`` (gloo on CPU). It reports every phase it enters and
@@ -7,13 +7,24 @@ NCCL_DEBUG and tracebacks), plus a heartbeat every ``HEARTBEAT_S`` from a thread
 can tell a rank that is frozen (no heartbeat: SIGSTOP, a stuck driver call holding the GIL) from a
 rank that is alive but waiting in a collective for a peer.
 
-Rendezvous: rank 0 hosts a TCPStore on 127.0.0.1 with port 0, so the OS picks a free port (no
-race with other jobs); it reports the port and the parent writes it to the other ranks' stdin.
+Two engines (``--engine``, docs/bandwidth.md):
+
+* ``nccl4py``: no torch. NVIDIA's ``nccl4py`` (``nccl.core``) over ``cuda.core`` /
+  ``cuda-bindings``; ``cuda-pathfinder`` loads the ``libnccl.so.2`` of the interpreter's
+  environment (the training venv with ``--python``). Rendezvous: rank 0 makes the NCCL unique id
+  and reports it, the parent writes it to the other ranks' stdin. No TCP store.
+* ``torch``: ``torch.distributed`` (NCCL, or gloo on CPU). Rendezvous: rank 0 hosts a TCPStore on
+  127.0.0.1 with port 0, so the OS picks a free port; the parent relays it like the unique id.
+
+``auto`` takes nccl4py when the interpreter can import it, else torch; gloo is always torch.
 
 Method (nccl.md section 1): per size, ``warmup`` untimed all-reduces (communicator creation is in
-init, never timed), a barrier, then a host clock around ``iters`` back-to-back all-reduces and one
-device sync; time per op = elapsed / iters. Then the exact check: a fresh integer-valued float32
-pattern, one all-reduce, compared element by element with the expected sum.
+init, never timed), a barrier, then ``iters`` back-to-back all-reduces timed by CUDA events
+recorded on the stream before and after them (as nccl-tests does: the GPU's time, not the host's
+enqueue loop; gloo: the host clock); time per op = elapsed / iters. Then the exact check: a fresh
+integer-valued float32 pattern, one all-reduce, compared element by element with the expected sum.
+The worker reports how long each phase took (imports, CUDA context, NCCL init, allocation,
+warm-up, sweep) and how long the first all-reduce of the first size took.
 
 ``PREFLIGHT_BENCH_TEST_CORRUPT_RANK`` (test-only, documented in docs/bandwidth.md): the named rank
 adds 1 to one element of its result before the check, so the tests can prove a wrong sum is caught.
@@ -23,9 +34,12 @@ It needs the exact variable name; nothing sets it but the test suite.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import datetime
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -36,6 +50,11 @@ HEARTBEAT_S = 0.5
 #: Length of the repeating data pattern; values stay small integers so float32 sums are exact.
 PATTERN_LEN = 4096
 CORRUPT_ENV = "PREFLIGHT_BENCH_TEST_CORRUPT_RANK"
+#: Host staging chunk of the nccl4py engine's fill and check (pinned, reused for every size).
+STAGE_BYTES = 64 << 20
+_PR_SET_PDEATHSIG = 1
+#: Sockets whose file descriptors a TCPStore serves on (closed with the process).
+_KEEP_OPEN: list[Any] = []
 
 
 class Progress:
@@ -57,6 +76,19 @@ class Progress:
                 os._exit(3)
 
 
+def _die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this worker when the parent dies (Linux PR_SET_PDEATHSIG), even while stopped;
+    then check the parent did not die before the call."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:
+        os._exit(3)
+
+
 def _heartbeat(progress: Progress, parent_pid: int) -> None:
     while True:
         time.sleep(HEARTBEAT_S)
@@ -71,77 +103,154 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world-size", type=int, required=True)
     p.add_argument("--backend", choices=("nccl", "gloo"), required=True)
+    p.add_argument("--engine", choices=("auto", "torch", "nccl4py"), default="auto")
+    p.add_argument("--alloc", choices=("device", "nccl"), default="device",
+                   help="nccl4py: cuda.core's device allocator, or ncclMemAlloc")
     p.add_argument("--sizes", required=True, help="comma-separated byte counts")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--progress-fd", type=int, required=True)
+    p.add_argument("--parent-pid", type=int, default=0)
     p.add_argument("--timeout-s", type=float, default=60.0,
                    help="deadline of the store and of each collective inside torch")
     return p.parse_args(argv)
 
 
-def _read_port(timeout_s: float) -> int:
-    """The store port, written by the parent to our stdin once rank 0 has it."""
+def _read_rendezvous(key: str, timeout_s: float) -> Any:
+    """What rank 0 published (store port, NCCL unique id), written by the parent to our stdin."""
     import select
 
     ready, _, _ = select.select([sys.stdin], [], [], timeout_s)
     if not ready:
-        raise TimeoutError(f"no rendezvous port from the parent within {timeout_s:g} s")
+        raise TimeoutError(f"no rendezvous {key} from the parent within {timeout_s:g} s")
     line = sys.stdin.readline()
     if not line:
-        raise EOFError("the parent closed the control pipe before sending the port")
-    return int(json.loads(line)["port"])
+        raise EOFError("the parent closed the control pipe before the rendezvous")
+    return json.loads(line)[key]
+
+
+def _pick_engine(args: argparse.Namespace) -> str:
+    if args.backend == "gloo" or args.engine == "torch":
+        return "torch"
+    if args.engine == "nccl4py":
+        return "nccl4py"
+    import importlib.util
+
+    found = all(importlib.util.find_spec(m) is not None for m in ("nccl", "cuda"))
+    return "nccl4py" if found else "torch"
 
 
 def main(argv: list[str] | None = None) -> int:
+    t_main = time.time()
     args = _parse(sys.argv[1:] if argv is None else argv)
+    parent = args.parent_pid or os.getppid()
+    _die_with_parent(parent)
     progress = Progress(args.progress_fd, args.rank)
-    threading.Thread(target=_heartbeat, args=(progress, os.getppid()), daemon=True,
+    progress.send("started", t_main=t_main)
+    threading.Thread(target=_heartbeat, args=(progress, parent), daemon=True,
                      name="heartbeat").start()
+    corrupt = os.environ.get(CORRUPT_ENV)
+    corrupt_me = corrupt is not None and corrupt.strip() == str(args.rank)
+    sizes = [int(s) for s in args.sizes.split(",")]
     phase = "spawn"
     try:
-        import torch
-        import torch.distributed as dist
-
-        tcp_store: Any = dist.TCPStore  # type: ignore[attr-defined]
-
-        device = _device(torch, args)
-        progress.send("spawned", pid=os.getpid(), device=str(device),
-                      pci_bus_id=_bus_id(torch, device), torch=torch.__version__)
-        phase = "init"
-        progress.send("phase", phase="init")
-        timeout = datetime.timedelta(seconds=args.timeout_s)
-        if args.rank == 0:
-            store = tcp_store("127.0.0.1", 0, args.world_size, True, timeout=timeout,
-                              wait_for_workers=False)
-            progress.send("store", port=int(store.port))
-        else:
-            port = _read_port(args.timeout_s)
-            store = tcp_store("127.0.0.1", port, args.world_size, False, timeout=timeout)
-        kwargs: dict[str, Any] = {}
-        if device.type == "cuda":
-            # Eager communicator creation (torch >= 2.3), so it is part of init, never timed.
-            kwargs["device_id"] = device
-        dist.init_process_group(args.backend, store=store, rank=args.rank,
-                                world_size=args.world_size, timeout=timeout, **kwargs)
-        try:
-            sizes = [int(s) for s in args.sizes.split(",")]
-            buf = torch.empty(max(sizes) // 4, dtype=torch.float32, device=device)
-            _barrier(torch, dist, device)
-            progress.send("phase", phase="init", done=True)
-            corrupt = os.environ.get(CORRUPT_ENV)
-            corrupt_me = corrupt is not None and corrupt.strip() == str(args.rank)
-            for size in sizes:
-                _one_size(torch, dist, progress, buf[: size // 4], size=size, args=args,
-                          device=device, corrupt_me=corrupt_me)
-            progress.send("done")
-        finally:
-            dist.destroy_process_group()
+        engine = _pick_engine(args)
+        runner = _run_nccl4py if engine == "nccl4py" else _run_torch
+        runner(args, progress, sizes, corrupt_me)
     except Exception as exc:
         progress.send("error", phase=phase, error=f"{type(exc).__name__}: {exc}",
                       traceback=traceback.format_exc()[-4000:])
         return 1
     return 0
+
+
+class Clock:
+    """Phase durations of one rank, in seconds, sent with ``done``."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+        self._mark = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.times[name] = self.times.get(name, 0.0) + now - self._mark
+        self._mark = now
+
+
+# ---------------------------------------------------------------------------------------- torch
+def _run_torch(args: argparse.Namespace, progress: Progress, sizes: list[int],
+               corrupt_me: bool) -> None:
+    clock = Clock()
+    import torch
+    import torch.distributed as dist
+
+    clock.lap("imports")
+    tcp_store: Any = dist.TCPStore  # type: ignore[attr-defined]
+    device = _device(torch, args)
+    clock.lap("cuda_context")
+    progress.send("spawned", pid=os.getpid(), device=str(device), engine="torch",
+                  pci_bus_id=_bus_id(torch, device), torch=torch.__version__,
+                  nccl=_torch_nccl_version(torch, device))
+    progress.send("phase", phase="init")
+    timeout = datetime.timedelta(seconds=args.timeout_s)
+    if args.rank == 0:
+        store = _loopback_store(tcp_store, args.world_size, timeout)
+        progress.send("store", port=int(store.port))
+    else:
+        port = int(_read_rendezvous("port", args.timeout_s))
+        store = tcp_store("127.0.0.1", port, args.world_size, False, timeout=timeout)
+    kwargs: dict[str, Any] = {}
+    if device.type == "cuda":
+        # Eager communicator creation (torch >= 2.3), so it is part of init, never timed.
+        kwargs["device_id"] = device
+    dist.init_process_group(args.backend, store=store, rank=args.rank,
+                            world_size=args.world_size, timeout=timeout, **kwargs)
+    try:
+        clock.lap("nccl_init")
+        buf = torch.empty(max(sizes) // 4, dtype=torch.float32, device=device)
+        clock.lap("allocation")
+        _barrier(torch, dist, device)
+        clock.lap("nccl_init")
+        progress.send("phase", phase="init", done=True)
+        for i, size in enumerate(sizes):
+            _one_size(torch, dist, progress, buf[: size // 4], size=size, args=args,
+                      device=device, corrupt_me=corrupt_me, clock=clock, first=i == 0)
+        progress.send("done", phase_times=clock.times)
+    finally:
+        dist.destroy_process_group()
+
+
+def _loopback_store(tcp_store: Any, world_size: int, timeout: Any) -> Any:
+    """Rank 0's TCPStore listening on 127.0.0.1 only: torch binds a store it opens itself to every
+    interface, so the socket is bound here (port 0: the OS picks a free one) and handed over."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(max(16, world_size))
+        port = sock.getsockname()[1]
+        try:
+            store = tcp_store("127.0.0.1", port, world_size, True, timeout=timeout,
+                              wait_for_workers=False, master_listen_fd=sock.fileno())
+            _KEEP_OPEN.append(sock)  # the store serves on this fd: it must outlive the call
+            return store
+        except TypeError:  # a torch without master_listen_fd: its own socket, on every interface
+            sock.close()
+            return tcp_store("127.0.0.1", 0, world_size, True, timeout=timeout,
+                             wait_for_workers=False)
+    except BaseException:
+        sock.close()
+        raise
+
+
+def _torch_nccl_version(torch: Any, device: Any) -> str | None:
+    if device.type != "cuda":
+        return None
+    try:
+        return ".".join(map(str, torch.cuda.nccl.version()))
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def _device(torch: Any, args: argparse.Namespace) -> Any:
@@ -151,6 +260,7 @@ def _device(torch: Any, args: argparse.Namespace) -> Any:
     if args.rank >= count:
         raise RuntimeError(f"rank {args.rank} needs cuda:{args.rank} but CUDA sees {count} GPU(s)")
     torch.cuda.set_device(args.rank)
+    torch.cuda.init()
     return torch.device("cuda", args.rank)
 
 
@@ -197,21 +307,39 @@ def _fill(torch: Any, out: Any, offset: float) -> None:
 
 
 def _one_size(torch: Any, dist: Any, progress: Progress, buf: Any, *, size: int,
-              args: argparse.Namespace, device: Any, corrupt_me: bool) -> None:
+              args: argparse.Namespace, device: Any, corrupt_me: bool, clock: Clock,
+              first: bool) -> None:
     n = args.world_size
     progress.send("phase", phase="warmup", size=size)
     _fill(torch, buf, float(args.rank + 1))
-    for _ in range(args.warmup):
+    first_s = None
+    for i in range(args.warmup):
+        t0 = time.perf_counter()
         dist.all_reduce(buf)
+        if i == 0 and first:
+            _sync(torch, device)
+            first_s = time.perf_counter() - t0
     _barrier(torch, dist, device)
+    clock.lap("warmup")
 
     progress.send("phase", phase="measure", size=size)
-    start = time.perf_counter()
-    for _ in range(args.iters):
-        dist.all_reduce(buf)
-    _sync(torch, device)
-    elapsed = time.perf_counter() - start
-    progress.send("measured", size=size, time_s=elapsed / args.iters, iters=args.iters)
+    if device.type == "cuda":
+        start_ev = torch.cuda.Event(enable_timing=True)
+        end_ev = torch.cuda.Event(enable_timing=True)
+        start_ev.record()
+        for _ in range(args.iters):
+            dist.all_reduce(buf)
+        end_ev.record()
+        end_ev.synchronize()
+        elapsed = start_ev.elapsed_time(end_ev) / 1e3
+    else:
+        start = time.perf_counter()
+        for _ in range(args.iters):
+            dist.all_reduce(buf)
+        elapsed = time.perf_counter() - start
+    progress.send("measured", size=size, time_s=elapsed / args.iters, iters=args.iters,
+                  first_allreduce_s=first_s, timer="cuda-events" if device.type == "cuda"
+                  else "host")
 
     progress.send("phase", phase="verify", size=size)
     _fill(torch, buf, float(args.rank + 1))
@@ -232,11 +360,160 @@ def _one_size(torch: Any, dist: Any, progress: Progress, buf: Any, *, size: int,
     fields: dict[str, Any] = {"size": size, "ok": bad == 0, "mismatches": bad,
                               "elements": buf.numel()}
     if bad:
-        first = int(mismatch.to(torch.uint8).argmax().item())
-        fields.update(first_index=first, got=float(buf[first].item()),
-                      want=float(want[first % PATTERN_LEN].item()))
+        first_bad = int(mismatch.to(torch.uint8).argmax().item())
+        fields.update(first_index=first_bad, got=float(buf[first_bad].item()),
+                      want=float(want[first_bad % PATTERN_LEN].item()))
     progress.send("verified", **fields)
     del mismatch
+    clock.lap("sweep")
+
+
+# -------------------------------------------------------------------------------------- nccl4py
+def _cu_check(result: Any) -> Any:
+    """cuda.bindings returns (CUresult, *values): raise on an error, return the values."""
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        raise RuntimeError(f"CUDA driver error {err!r}")
+    return rest[0] if len(rest) == 1 else rest
+
+
+def _run_nccl4py(args: argparse.Namespace, progress: Progress, sizes: list[int],
+                 corrupt_me: bool) -> None:
+    if args.backend != "nccl":
+        raise RuntimeError("the nccl4py engine runs NCCL only (gloo needs --engine torch)")
+    clock = Clock()
+    # Imported by name: optional packages of the workers' interpreter, without type stubs.
+    from importlib import import_module
+
+    np = import_module("numpy")
+    cu = import_module("cuda.bindings.driver")
+    cuda_core = import_module("cuda.core")
+    nccl = import_module("nccl.core")
+    nccl_raw = import_module("nccl.bindings.nccl")
+    Device, EventOptions = cuda_core.Device, cuda_core.EventOptions
+
+    clock.lap("imports")
+    dev = Device(args.rank)
+    dev.set_current()
+    stream = dev.create_stream()
+    clock.lap("cuda_context")
+    version = str(nccl.get_version()).replace("\n", "; ")
+    lib = None
+    with contextlib.suppress(ImportError, AttributeError):
+        lib = str(import_module("nccl.core.utils")._get_lib_path())
+    progress.send("spawned", pid=os.getpid(), device=f"cuda:{args.rank}", engine="nccl4py",
+                  pci_bus_id=str(dev.pci_bus_id), nccl=version, libnccl=lib)
+    progress.send("phase", phase="init")
+    if args.rank == 0:
+        uid = nccl.get_unique_id()
+        progress.send("uid", uid=bytes(uid).hex())
+    else:
+        uid = nccl.UniqueId.from_bytes(bytes.fromhex(_read_rendezvous("uid", args.timeout_s)))
+    comm = nccl.Communicator.init(args.world_size, args.rank, uid)
+    clock.lap("nccl_init")
+    try:
+        _nccl4py_sweep(args, progress, sizes, corrupt_me, clock=clock, np=np, cu=cu, dev=dev,
+                       stream=stream, comm=comm, nccl=nccl, nccl_raw=nccl_raw,
+                       event_options=EventOptions(timing_enabled=True))
+    finally:
+        comm.destroy()
+
+
+def _nccl4py_sweep(args: argparse.Namespace, progress: Progress, sizes: list[int],
+                   corrupt_me: bool, *, clock: Clock, np: Any, cu: Any, dev: Any, stream: Any,
+                   comm: Any, nccl: Any, nccl_raw: Any, event_options: Any) -> None:
+    n = args.world_size
+    largest = max(sizes)
+    buf = (nccl.mem_alloc(largest, dev) if args.alloc == "nccl"
+           else dev.allocate(largest, stream=stream))
+    ptr = int(buf.handle)
+    stage_bytes = min(STAGE_BYTES, _round_up(largest, PATTERN_LEN * 4))
+    host = _cu_check(cu.cuMemAllocHost(stage_bytes))
+    try:
+        hview = np.ctypeslib.as_array((ctypes.c_float * (stage_bytes // 4)).from_address(
+            int(host)))
+        base = ((np.arange(PATTERN_LEN, dtype=np.int64) * 7919) % 1021).astype(np.float32)
+        tile = np.resize(base, stage_bytes // 4)
+        want = tile * n + n * (n + 1) / 2
+        s_handle = stream.handle
+        raw_comm = getattr(comm, "_comm", None)
+        if raw_comm is None:
+            raw_comm = comm.ptr
+        f32, op_sum = int(nccl.FLOAT32), int(nccl.SUM)
+
+        def allreduce(count: int) -> None:
+            nccl_raw.all_reduce(ptr, ptr, count, f32, op_sum, raw_comm, int(s_handle))
+
+        def fill(size: int) -> None:
+            hview[:] = tile + float(args.rank + 1)
+            for off in range(0, size, stage_bytes):
+                _cu_check(cu.cuMemcpyHtoDAsync(ptr + off, int(host),
+                                               min(stage_bytes, size - off), s_handle))
+            stream.sync()
+
+        def barrier() -> None:
+            allreduce(1)
+            stream.sync()
+
+        clock.lap("allocation")
+        barrier()
+        clock.lap("nccl_init")
+        progress.send("phase", phase="init", done=True)
+        for i, size in enumerate(sizes):
+            count = size // 4
+            progress.send("phase", phase="warmup", size=size)
+            fill(size)
+            first_s = None
+            for w in range(args.warmup):
+                t0 = time.perf_counter()
+                allreduce(count)
+                if w == 0 and i == 0:
+                    stream.sync()
+                    first_s = time.perf_counter() - t0
+            barrier()
+            clock.lap("warmup")
+            progress.send("phase", phase="measure", size=size)
+            start = stream.record(options=event_options)
+            for _ in range(args.iters):
+                allreduce(count)
+            end = stream.record(options=event_options)
+            end.sync()
+            elapsed = (end - start) / 1e3
+            progress.send("measured", size=size, time_s=elapsed / args.iters, iters=args.iters,
+                          first_allreduce_s=first_s, timer="cuda-events")
+            progress.send("phase", phase="verify", size=size)
+            fill(size)
+            allreduce(count)
+            bad, first_bad, got = 0, None, None
+            for off in range(0, size, stage_bytes):
+                chunk = min(stage_bytes, size - off)
+                _cu_check(cu.cuMemcpyDtoHAsync(int(host), ptr + off, chunk, s_handle))
+                stream.sync()
+                k = chunk // 4
+                if corrupt_me and off <= size // 2 < off + chunk:
+                    hview[(size // 2 - off) // 4] += 1
+                ne = hview[:k] != want[:k]
+                nbad = int(np.count_nonzero(ne))
+                if nbad and first_bad is None:
+                    j = int(np.argmax(ne))
+                    first_bad, got = off // 4 + j, float(hview[j])
+                bad += nbad
+            fields: dict[str, Any] = {"size": size, "ok": bad == 0, "mismatches": bad,
+                                      "elements": count}
+            if first_bad is not None:
+                fields.update(first_index=first_bad, got=got,
+                              want=float(want[first_bad % PATTERN_LEN]))
+            progress.send("verified", **fields)
+            clock.lap("sweep")
+        progress.send("done", phase_times=clock.times)
+    finally:
+        stream.sync()
+        _cu_check(cu.cuMemFreeHost(host))
+        buf.close()
+
+
+def _round_up(n: int, k: int) -> int:
+    return -(-n // k) * k
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ STOPPED_CONFIRM_S = 2.0
 FROZEN_SILENT_S = 3.0
 #: Phase durations a worker reports, in the order they happen (``bench --json`` phase_times_s).
 PHASE_TIMES = ("interpreter", "imports", "cuda_context", "nccl_init", "allocation", "warmup",
-               "sweep")
+               "sweep", "teardown")
 #: After the first sign of failure, how long to keep reading so the first cause is the one named.
 GRACE_S = 0.5
 _DONE_STEP = 1 << 30
@@ -137,6 +137,8 @@ class RankState:
     libnccl: str | None = None
     first_allreduce_s: float | None = None
     stopped_since: float | None = None
+    #: the worker has sent at least one line (its interpreter is running)
+    heard: bool = False
 
     def where(self) -> str:
         word = PHASE_WORDS[self.phase]
@@ -162,6 +164,9 @@ class RunRecord:
     store_port: int | None
     log_dir: str | None
     elapsed_s: float
+    #: seconds from the last rank's "done" to every worker's exit (communicator and CUDA
+    #: context torn down)
+    teardown_s: float | None = None
 
 
 def _step(phase: str, size: int | None, sizes: Sequence[int]) -> int:
@@ -241,6 +246,7 @@ def _run(opts: BenchOptions, started: float, deadlines: Deadlines, log_dir: str,
     failure: Failure | None = None
     logs: list[Any] = []
     completed = False
+    all_done: float | None = None
     try:
         for st in ranks:
             failure = _spawn(st, opts, env=env, log_dir=log_dir, sel=sel, logs=logs)
@@ -265,6 +271,8 @@ def _run(opts: BenchOptions, started: float, deadlines: Deadlines, log_dir: str,
                         store_port = int(relay["port"])
                     _relay(ranks, relay)
             now = time.monotonic()
+            if all_done is None and all(st.phase == "done" for st in ranks):
+                all_done = now
             if all(st.phase == "done" and st.proc and st.proc.poll() == 0 for st in ranks):
                 break
             broken = any(st.error or (st.proc and st.proc.poll() not in (None, 0))
@@ -291,8 +299,11 @@ def _run(opts: BenchOptions, started: float, deadlines: Deadlines, log_dir: str,
     _collect_tracebacks(ranks, log_dir)
     if not keep:
         shutil.rmtree(log_dir, ignore_errors=True)
+    ended = time.monotonic()
     return RunRecord(options=opts, ranks=ranks, failure=failure, store_port=store_port,
-                     log_dir=log_dir if keep else None, elapsed_s=time.monotonic() - started)
+                     log_dir=log_dir if keep else None, elapsed_s=ended - started,
+                     teardown_s=ended - all_done if all_done is not None and not failure
+                     else None)
 
 
 def _spawn(st: RankState, opts: BenchOptions, *, env: dict[str, str], log_dir: str,
@@ -341,7 +352,7 @@ def _consume(st: RankState, chunk: bytes, sizes: Sequence[int], now: float,
             continue
         if not isinstance(msg, dict):
             continue
-        st.last_beat = now
+        st.last_beat, st.heard = now, True
         ev = msg.get("ev")
         if ev == "started":
             t_main = msg.get("t_main")
@@ -469,6 +480,17 @@ def _stalled(ranks: Sequence[RankState], deadlines: Deadlines, now: float,
         return Failure("timeout", f"the run did not finish within --timeout {deadlines.total_s:g}"
                        f" s; {_names(behind)} in {behind[0].where()} (still progressing)"
                        f"{_others(ranks, behind)}", tuple(st.rank for st in behind))
+    if behind[0].phase == "spawn" and (not silent or not any(st.heard for st in behind)):
+        # Still starting: the interpreter has not reported yet or is importing its packages.
+        # Nothing ran on the GPUs, so this is no hang and no reason to look for Xid errors.
+        st0 = behind[0]
+        quiet = [st for st in behind if not st.heard]
+        what = ("the interpreter has not started the worker yet" if len(quiet) == len(behind)
+                else "still importing torch / nccl4py")
+        return Failure("slow_start", f"{_names(behind)} still starting after "
+                       f"{now - st0.entered:.0f} s ({what}; spawn deadline "
+                       f"{deadlines.spawn_s:g} s){_others(ranks, behind)}",
+                       tuple(st.rank for st in behind))
     if len(behind) < len(ranks):
         st0 = behind[0]
         beat = (f" (no heartbeat for {now - st0.last_beat:.0f} s: the process is frozen)"

@@ -146,6 +146,8 @@ def phase_times(record: RunRecord) -> dict[str, float]:
         values = [st.phase_times[name] for st in record.ranks if name in st.phase_times]
         if values:
             out[name] = max(values)
+    if record.teardown_s is not None:
+        out["teardown"] = record.teardown_s
     return out
 
 
@@ -186,6 +188,15 @@ def judge(record: RunRecord, *, gpus: Sequence[Gpu] = (),
         if f.kind in ("stalled", "hung"):
             return BenchResult(**base, status=Status.FAIL, reason="AllreduceStalled",
                                message=f.message + "." + nccl_text, remedy=REMEDY_STALL + log_text,
+                               stalled_ranks=f.ranks)
+        if f.kind == "slow_start":
+            return BenchResult(**base, status=Status.ERROR, reason="WorkerStartSlow",
+                               message=f.message + "; nothing ran on the GPUs yet.",
+                               remedy=f"The workers' interpreter ({opts.python}) took longer "
+                                      "than the spawn deadline to start and import its packages:"
+                                      " raise --timeout (spawn may take half of it, at most "
+                                      "60 s), or look at the filesystem the environment lives on "
+                                      "(a cold NFS cache)." + log_text,
                                stalled_ranks=f.ranks)
         if f.kind == "timeout":
             return BenchResult(**base, status=Status.ERROR, reason="BenchTimeout",

@@ -34,7 +34,6 @@ It needs the exact variable name; nothing sets it but the test suite.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
 import datetime
 import json
@@ -227,6 +226,8 @@ def _loopback_store(tcp_store: Any, world_size: int, timeout: Any) -> Any:
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
+        # As torch's own store socket: the port is free again as soon as the run ends.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         sock.listen(max(16, world_size))
         port = sock.getsockname()[1]
@@ -377,139 +378,217 @@ def _cu_check(result: Any) -> Any:
     return rest[0] if len(rest) == 1 else rest
 
 
+class _Background:
+    """A call run in a thread (the nccl4py bindings release the GIL), its error re-raised here."""
+
+    def __init__(self, fn: Any, name: str) -> None:
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+
+        def body() -> None:
+            t0 = time.perf_counter()
+            try:
+                self.result = fn()
+            except BaseException as exc:  # re-raised by join() in the caller's thread
+                self.error = exc
+            self.seconds = time.perf_counter() - t0
+
+        self._thread = threading.Thread(target=body, name=name, daemon=True)
+        self._thread.start()
+
+    def join(self) -> Any:
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def _nccl_text(nccl: Any) -> tuple[str, str | None]:
+    """("2.28.9", "/path/libnccl.so.2") of the libnccl that nccl4py loaded."""
+    info = nccl.get_version()
+    lib = getattr(info, "libnccl", None)
+    version = getattr(lib, "version", None)
+    path = getattr(lib, "path", None)
+    return (str(version) if version is not None else str(info)), (str(path) if path else None)
+
+
 def _run_nccl4py(args: argparse.Namespace, progress: Progress, sizes: list[int],
                  corrupt_me: bool) -> None:
+    """The torch-free engine. Overlaps what does not depend on each other: the CUDA context is
+    created in a thread while the Python packages import, the buffers are allocated and filled
+    while the communicator initialises (docs/benchmarks.md has the phase times)."""
     if args.backend != "nccl":
         raise RuntimeError("the nccl4py engine runs NCCL only (gloo needs --engine torch)")
     clock = Clock()
     # Imported by name: optional packages of the workers' interpreter, without type stubs.
     from importlib import import_module
 
-    np = import_module("numpy")
     cu = import_module("cuda.bindings.driver")
+
+    def make_context() -> Any:
+        _cu_check(cu.cuInit(0))
+        dev = _cu_check(cu.cuDeviceGet(args.rank))
+        return _cu_check(cu.cuDevicePrimaryCtxRetain(dev))
+
+    ctx_job = _Background(make_context, "cuda-context")
+    np = import_module("numpy")
     cuda_core = import_module("cuda.core")
     nccl = import_module("nccl.core")
     nccl_raw = import_module("nccl.bindings.nccl")
-    Device, EventOptions = cuda_core.Device, cuda_core.EventOptions
-
     clock.lap("imports")
-    dev = Device(args.rank)
+    ctx_job.join()
+    dev = cuda_core.Device(args.rank)
     dev.set_current()
     stream = dev.create_stream()
     clock.lap("cuda_context")
-    version = str(nccl.get_version()).replace("\n", "; ")
-    lib = None
-    with contextlib.suppress(ImportError, AttributeError):
-        lib = str(import_module("nccl.core.utils")._get_lib_path())
+    version, lib = _nccl_text(nccl)
     progress.send("spawned", pid=os.getpid(), device=f"cuda:{args.rank}", engine="nccl4py",
                   pci_bus_id=str(dev.pci_bus_id), nccl=version, libnccl=lib)
     progress.send("phase", phase="init")
-    if args.rank == 0:
-        uid = nccl.get_unique_id()
-        progress.send("uid", uid=bytes(uid).hex())
-    else:
-        uid = nccl.UniqueId.from_bytes(bytes.fromhex(_read_rendezvous("uid", args.timeout_s)))
-    comm = nccl.Communicator.init(args.world_size, args.rank, uid)
-    clock.lap("nccl_init")
+
+    def init_comm() -> Any:
+        dev.set_current()  # this thread's current context
+        if args.rank == 0:
+            uid = nccl.get_unique_id()
+            progress.send("uid", uid=bytes(uid).hex())
+        else:
+            uid = nccl.UniqueId.from_bytes(bytes.fromhex(_read_rendezvous("uid",
+                                                                          args.timeout_s)))
+        return nccl.Communicator.init(args.world_size, args.rank, uid)
+
+    comm_job = _Background(init_comm, "nccl-init")
+    bufs = _Nccl4pyBuffers(args, np=np, cu=cu, dev=dev, stream=stream, nccl=nccl,
+                           largest=max(sizes))
     try:
-        _nccl4py_sweep(args, progress, sizes, corrupt_me, clock=clock, np=np, cu=cu, dev=dev,
-                       stream=stream, comm=comm, nccl=nccl, nccl_raw=nccl_raw,
-                       event_options=EventOptions(timing_enabled=True))
+        bufs.fill(sizes[0])
+        clock.times["allocation"] = time.perf_counter() - clock._mark
+        comm = comm_job.join()
+        clock.lap("nccl_init")
+        clock.times["nccl_init"] = max(comm_job.seconds, clock.times["nccl_init"]
+                                       - clock.times["allocation"])
+        try:
+            _nccl4py_sweep(args, progress, sizes, corrupt_me, clock=clock, np=np, bufs=bufs,
+                           stream=stream, comm=comm, nccl=nccl, nccl_raw=nccl_raw,
+                           event_options=cuda_core.EventOptions(timing_enabled=True))
+        finally:
+            comm.destroy()
     finally:
-        comm.destroy()
+        bufs.close()
+
+
+class _Nccl4pyBuffers:
+    """The device buffer of the largest size and a pinned host staging buffer (fill, check)."""
+
+    def __init__(self, args: argparse.Namespace, *, np: Any, cu: Any, dev: Any, stream: Any,
+                 nccl: Any, largest: int) -> None:
+        self.np, self.cu, self.stream = np, cu, stream
+        self.rank, self.world = args.rank, args.world_size
+        self.buf = (nccl.mem_alloc(largest, dev) if args.alloc == "nccl"
+                    else dev.allocate(largest, stream=stream))
+        self.ptr = int(self.buf.handle)
+        self.stage_bytes = min(STAGE_BYTES, _round_up(largest, PATTERN_LEN * 4))
+        self.host = _cu_check(cu.cuMemAllocHost(self.stage_bytes))
+        self.hview = np.ctypeslib.as_array((ctypes.c_float * (self.stage_bytes // 4))
+                                           .from_address(int(self.host)))
+        base = ((np.arange(PATTERN_LEN, dtype=np.int64) * 7919) % 1021).astype(np.float32)
+        self.tile = np.resize(base, self.stage_bytes // 4)
+        n = self.world
+        self.want = self.tile * n + n * (n + 1) / 2
+
+    def fill(self, size: int) -> None:
+        self.hview[:] = self.tile + float(self.rank + 1)
+        for off in range(0, size, self.stage_bytes):
+            _cu_check(self.cu.cuMemcpyHtoDAsync(self.ptr + off, int(self.host),
+                                                min(self.stage_bytes, size - off),
+                                                self.stream.handle))
+        self.stream.sync()
+
+    def check(self, size: int, corrupt_me: bool) -> dict[str, Any]:
+        """Copy the result back chunk by chunk and compare every element with the exact sum."""
+        np = self.np
+        bad, first_bad, got = 0, None, None
+        for off in range(0, size, self.stage_bytes):
+            chunk = min(self.stage_bytes, size - off)
+            _cu_check(self.cu.cuMemcpyDtoHAsync(int(self.host), self.ptr + off, chunk,
+                                                self.stream.handle))
+            self.stream.sync()
+            k = chunk // 4
+            if corrupt_me and off <= size // 2 < off + chunk:
+                self.hview[(size // 2 - off) // 4] += 1
+            if np.array_equal(self.hview[:k], self.want[:k]):
+                continue
+            ne = self.hview[:k] != self.want[:k]
+            nbad = int(np.count_nonzero(ne))
+            if first_bad is None:
+                j = int(np.argmax(ne))
+                first_bad, got = off // 4 + j, float(self.hview[j])
+            bad += nbad
+        fields: dict[str, Any] = {"size": size, "ok": bad == 0, "mismatches": bad,
+                                  "elements": size // 4}
+        if first_bad is not None:
+            fields.update(first_index=first_bad, got=got,
+                          want=float(self.want[first_bad % PATTERN_LEN]))
+        return fields
+
+    def close(self) -> None:
+        self.stream.sync()
+        _cu_check(self.cu.cuMemFreeHost(self.host))
+        self.buf.close()
 
 
 def _nccl4py_sweep(args: argparse.Namespace, progress: Progress, sizes: list[int],
-                   corrupt_me: bool, *, clock: Clock, np: Any, cu: Any, dev: Any, stream: Any,
-                   comm: Any, nccl: Any, nccl_raw: Any, event_options: Any) -> None:
-    n = args.world_size
-    largest = max(sizes)
-    buf = (nccl.mem_alloc(largest, dev) if args.alloc == "nccl"
-           else dev.allocate(largest, stream=stream))
-    ptr = int(buf.handle)
-    stage_bytes = min(STAGE_BYTES, _round_up(largest, PATTERN_LEN * 4))
-    host = _cu_check(cu.cuMemAllocHost(stage_bytes))
-    try:
-        hview = np.ctypeslib.as_array((ctypes.c_float * (stage_bytes // 4)).from_address(
-            int(host)))
-        base = ((np.arange(PATTERN_LEN, dtype=np.int64) * 7919) % 1021).astype(np.float32)
-        tile = np.resize(base, stage_bytes // 4)
-        want = tile * n + n * (n + 1) / 2
-        s_handle = stream.handle
-        raw_comm = getattr(comm, "_comm", None)
-        if raw_comm is None:
-            raw_comm = comm.ptr
-        f32, op_sum = int(nccl.FLOAT32), int(nccl.SUM)
+                   corrupt_me: bool, *, clock: Clock, np: Any, bufs: _Nccl4pyBuffers,
+                   stream: Any, comm: Any, nccl: Any, nccl_raw: Any, event_options: Any) -> None:
+    ptr = bufs.ptr
+    s_handle = int(stream.handle)
+    raw_comm = getattr(comm, "_comm", None)
+    if raw_comm is None:
+        raw_comm = comm.ptr
+    f32, op_sum = int(nccl.FLOAT32), int(nccl.SUM)
 
-        def allreduce(count: int) -> None:
-            nccl_raw.all_reduce(ptr, ptr, count, f32, op_sum, raw_comm, int(s_handle))
+    def allreduce(count: int) -> None:
+        # The raw binding: a few microseconds of host time per call, so even 1 MiB is GPU-bound.
+        nccl_raw.all_reduce(ptr, ptr, count, f32, op_sum, raw_comm, s_handle)
 
-        def fill(size: int) -> None:
-            hview[:] = tile + float(args.rank + 1)
-            for off in range(0, size, stage_bytes):
-                _cu_check(cu.cuMemcpyHtoDAsync(ptr + off, int(host),
-                                               min(stage_bytes, size - off), s_handle))
-            stream.sync()
-
-        def barrier() -> None:
-            allreduce(1)
-            stream.sync()
-
-        clock.lap("allocation")
-        barrier()
-        clock.lap("nccl_init")
-        progress.send("phase", phase="init", done=True)
-        for i, size in enumerate(sizes):
-            count = size // 4
-            progress.send("phase", phase="warmup", size=size)
-            fill(size)
-            first_s = None
-            for w in range(args.warmup):
-                t0 = time.perf_counter()
-                allreduce(count)
-                if w == 0 and i == 0:
-                    stream.sync()
-                    first_s = time.perf_counter() - t0
-            barrier()
-            clock.lap("warmup")
-            progress.send("phase", phase="measure", size=size)
-            start = stream.record(options=event_options)
-            for _ in range(args.iters):
-                allreduce(count)
-            end = stream.record(options=event_options)
-            end.sync()
-            elapsed = (end - start) / 1e3
-            progress.send("measured", size=size, time_s=elapsed / args.iters, iters=args.iters,
-                          first_allreduce_s=first_s, timer="cuda-events")
-            progress.send("phase", phase="verify", size=size)
-            fill(size)
-            allreduce(count)
-            bad, first_bad, got = 0, None, None
-            for off in range(0, size, stage_bytes):
-                chunk = min(stage_bytes, size - off)
-                _cu_check(cu.cuMemcpyDtoHAsync(int(host), ptr + off, chunk, s_handle))
-                stream.sync()
-                k = chunk // 4
-                if corrupt_me and off <= size // 2 < off + chunk:
-                    hview[(size // 2 - off) // 4] += 1
-                ne = hview[:k] != want[:k]
-                nbad = int(np.count_nonzero(ne))
-                if nbad and first_bad is None:
-                    j = int(np.argmax(ne))
-                    first_bad, got = off // 4 + j, float(hview[j])
-                bad += nbad
-            fields: dict[str, Any] = {"size": size, "ok": bad == 0, "mismatches": bad,
-                                      "elements": count}
-            if first_bad is not None:
-                fields.update(first_index=first_bad, got=got,
-                              want=float(want[first_bad % PATTERN_LEN]))
-            progress.send("verified", **fields)
-            clock.lap("sweep")
-        progress.send("done", phase_times=clock.times)
-    finally:
+    def barrier() -> None:
+        allreduce(1)
         stream.sync()
-        _cu_check(cu.cuMemFreeHost(host))
-        buf.close()
+
+    # The first collective: connections are set up lazily (NCCL_RUNTIME_CONNECT), and the other
+    # rank may still be initialising; both belong to init, not to the first measured size.
+    barrier()
+    clock.lap("nccl_init")
+    progress.send("phase", phase="init", done=True)
+    for i, size in enumerate(sizes):
+        count = size // 4
+        progress.send("phase", phase="warmup", size=size)
+        if i:
+            bufs.fill(size)
+        first_s = None
+        for w in range(args.warmup):
+            t0 = time.perf_counter()
+            allreduce(count)
+            if w == 0 and i == 0:
+                stream.sync()
+                first_s = time.perf_counter() - t0
+        barrier()
+        clock.lap("warmup")
+        progress.send("phase", phase="measure", size=size)
+        start = stream.record(options=event_options)
+        for _ in range(args.iters):
+            allreduce(count)
+        end = stream.record(options=event_options)
+        end.sync()
+        elapsed = (end - start) / 1e3
+        progress.send("measured", size=size, time_s=elapsed / args.iters, iters=args.iters,
+                      first_allreduce_s=first_s, timer="cuda-events")
+        progress.send("phase", phase="verify", size=size)
+        bufs.fill(size)
+        allreduce(count)
+        progress.send("verified", **bufs.check(size, corrupt_me))
+        clock.lap("sweep")
+    progress.send("done", phase_times=clock.times)
 
 
 def _round_up(n: int, k: int) -> int:

@@ -33,6 +33,11 @@ for e in auto torch; do
   done
 done
 run "${P[@]}" check
+for i in 1 2 3; do
+  t0=$(date +%s.%N)
+  "${P[@]}" bench --min-bytes 1G --max-bytes 1G --json >"$OUT/bench1g-$i.json" 2>>"$LOG"; rc=$?
+  echo "bench 1 GiB only (auto engine) run $i rc=$rc wall $(python3 -c "print(round($(date +%s.%N)-$t0,2))") s" >>"$LOG"
+done
 
 sec "3. the first all-reduce of 1 GiB after allocation: allocator x NCCL setting"
 for a in device nccl; do

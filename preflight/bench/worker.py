@@ -296,20 +296,6 @@ def _barrier(torch: Any, dist: Any, device: Any) -> None:
     _sync(torch, device)
 
 
-def _capture(torch: Any, dist: Any, buf: Any, iters: int) -> Any:
-    """``iters`` all-reduces of ``buf`` captured in a CUDA graph, None when capture fails."""
-    try:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(iters):
-                dist.all_reduce(buf)
-        torch.cuda.synchronize()
-        return graph
-    except Exception:  # capture unsupported here: time plain calls with events instead
-        torch.cuda.synchronize()
-        return None
-
-
 def _base(torch: Any, device: Any) -> Any:
     """``(i * 7919) % 1021`` for i < PATTERN_LEN as float32: small integers, so the sums of a few
     hundred ranks stay exact (< 2**24) and a misplaced block changes values."""
@@ -348,22 +334,17 @@ def _one_size(torch: Any, dist: Any, progress: Progress, buf: Any, *, size: int,
     progress.send("phase", phase="measure", size=size)
     timer = "host"
     if device.type == "cuda":
-        # The timed iterations as one CUDA graph (torch's per-call host overhead, about 30 us,
-        # would otherwise be what 1-2 MiB measure); plain calls if this torch cannot capture.
-        graph = _capture(torch, dist, buf, args.iters)
+        # CUDA events on the stream around the timed calls, as nccl-tests times. (A CUDA graph
+        # of the calls was tried on 2x H200 and was slower from 4 MiB: docs/benchmarks.md.)
         start_ev = torch.cuda.Event(enable_timing=True)
         end_ev = torch.cuda.Event(enable_timing=True)
         start_ev.record()
-        if graph is not None:
-            graph.replay()
-        else:
-            for _ in range(args.iters):
-                dist.all_reduce(buf)
+        for _ in range(args.iters):
+            dist.all_reduce(buf)
         end_ev.record()
         end_ev.synchronize()
         elapsed = start_ev.elapsed_time(end_ev) / 1e3
-        timer = "cuda-graph" if graph is not None else "cuda-events"
-        del graph
+        timer = "cuda-events"
     else:
         start = time.perf_counter()
         for _ in range(args.iters):
@@ -497,12 +478,23 @@ def _run_nccl4py(args: argparse.Namespace, progress: Progress, sizes: list[int],
         clock.lap("nccl_init")
         clock.times["nccl_init"] = max(comm_job.seconds, clock.times["nccl_init"]
                                        - clock.times["allocation"])
+        destroyer: list[_Background] = []
+
+        def destroy_early() -> None:
+            # The last collective is complete: tear the communicator down while the host
+            # compares the result.
+            destroyer.append(_Background(comm.destroy, "nccl-destroy"))
+
         try:
             _nccl4py_sweep(args, progress, sizes, corrupt_me, clock=clock, np=np, bufs=bufs,
                            stream=stream, comm=comm, nccl=nccl, nccl_raw=nccl_raw,
-                           event_options=cuda_core.EventOptions(timing_enabled=True))
+                           event_options=cuda_core.EventOptions(timing_enabled=True),
+                           after_last=destroy_early)
         finally:
-            comm.destroy()
+            if destroyer:
+                destroyer[0].join()
+            else:
+                comm.destroy()
     finally:
         bufs.close()
 
@@ -518,9 +510,13 @@ class _Nccl4pyBuffers:
                     else dev.allocate(largest, stream=stream))
         self.ptr = int(self.buf.handle)
         self.stage_bytes = min(STAGE_BYTES, _round_up(largest, PATTERN_LEN * 4))
-        self.host = _cu_check(cu.cuMemAllocHost(self.stage_bytes))
-        self.hview = np.ctypeslib.as_array((ctypes.c_float * (self.stage_bytes // 4))
-                                           .from_address(int(self.host)))
+        # Two pinned staging buffers: one is compared while the next chunk copies into the other.
+        self.hosts = [_cu_check(cu.cuMemAllocHost(self.stage_bytes)) for _ in range(2)]
+        self.host = self.hosts[0]
+        self.hviews = [np.ctypeslib.as_array((ctypes.c_float * (self.stage_bytes // 4))
+                                             .from_address(int(h))) for h in self.hosts]
+        self.hview = self.hviews[0]
+        self.pool: Any = None
         base = ((np.arange(PATTERN_LEN, dtype=np.int64) * 7919) % 1021).astype(np.float32)
         self.tile = np.resize(base, self.stage_bytes // 4)
         n = self.world
@@ -534,25 +530,55 @@ class _Nccl4pyBuffers:
                                                 self.stream.handle))
         self.stream.sync()
 
-    def check(self, size: int, corrupt_me: bool) -> dict[str, Any]:
-        """Copy the result back chunk by chunk and compare every element with the exact sum."""
+    def _equal(self, view: Any, k: int) -> bool:
+        """``view[:k] == want[:k]`` everywhere, compared in slices on a thread pool (numpy
+        releases the GIL in the comparison, so 1 GiB takes tens of ms, not 0.3 s)."""
+        np = self.np
+        if k < (1 << 20):
+            return bool(np.array_equal(view[:k], self.want[:k]))
+        if self.pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self.pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
+                                           thread_name_prefix="check")
+        step = _round_up(-(-k // 8), PATTERN_LEN)
+        parts = [(a, min(k, a + step)) for a in range(0, k, step)]
+        return all(self.pool.map(
+            lambda ab: bool(np.array_equal(view[ab[0]:ab[1]], self.want[ab[0]:ab[1]])), parts))
+
+    def check(self, size: int, corrupt_me: bool,
+              after_collective: Any = None) -> dict[str, Any]:
+        """Copy the result back chunk by chunk and compare every element with the exact sum.
+        ``after_collective`` runs once the first copy is done (the all-reduce is then complete)."""
         np = self.np
         bad, first_bad, got = 0, None, None
-        for off in range(0, size, self.stage_bytes):
-            chunk = min(self.stage_bytes, size - off)
-            _cu_check(self.cu.cuMemcpyDtoHAsync(int(self.host), self.ptr + off, chunk,
+        offsets = list(range(0, size, self.stage_bytes))
+
+        def copy(i: int) -> None:
+            off = offsets[i]
+            _cu_check(self.cu.cuMemcpyDtoHAsync(int(self.hosts[i % 2]), self.ptr + off,
+                                                min(self.stage_bytes, size - off),
                                                 self.stream.handle))
+
+        copy(0)
+        for i, off in enumerate(offsets):
             self.stream.sync()
+            if i == 0 and after_collective is not None:
+                after_collective()
+            if i + 1 < len(offsets):
+                copy(i + 1)
+            view = self.hviews[i % 2]
+            chunk = min(self.stage_bytes, size - off)
             k = chunk // 4
             if corrupt_me and off <= size // 2 < off + chunk:
-                self.hview[(size // 2 - off) // 4] += 1
-            if np.array_equal(self.hview[:k], self.want[:k]):
+                view[(size // 2 - off) // 4] += 1
+            if self._equal(view, k):
                 continue
-            ne = self.hview[:k] != self.want[:k]
+            ne = view[:k] != self.want[:k]
             nbad = int(np.count_nonzero(ne))
             if first_bad is None:
                 j = int(np.argmax(ne))
-                first_bad, got = off // 4 + j, float(self.hview[j])
+                first_bad, got = off // 4 + j, float(view[j])
             bad += nbad
         fields: dict[str, Any] = {"size": size, "ok": bad == 0, "mismatches": bad,
                                   "elements": size // 4}
@@ -563,13 +589,17 @@ class _Nccl4pyBuffers:
 
     def close(self) -> None:
         self.stream.sync()
-        _cu_check(self.cu.cuMemFreeHost(self.host))
+        if self.pool is not None:
+            self.pool.shutdown()
+        for host in self.hosts:
+            _cu_check(self.cu.cuMemFreeHost(host))
         self.buf.close()
 
 
 def _nccl4py_sweep(args: argparse.Namespace, progress: Progress, sizes: list[int],
                    corrupt_me: bool, *, clock: Clock, np: Any, bufs: _Nccl4pyBuffers,
-                   stream: Any, comm: Any, nccl: Any, nccl_raw: Any, event_options: Any) -> None:
+                   stream: Any, comm: Any, nccl: Any, nccl_raw: Any, event_options: Any,
+                   after_last: Any = None) -> None:
     ptr = bufs.ptr
     s_handle = int(stream.handle)
     raw_comm = getattr(comm, "_comm", None)
@@ -616,7 +646,9 @@ def _nccl4py_sweep(args: argparse.Namespace, progress: Progress, sizes: list[int
         progress.send("phase", phase="verify", size=size)
         bufs.fill(size)
         allreduce(count)
-        progress.send("verified", **bufs.check(size, corrupt_me))
+        last = i == len(sizes) - 1
+        progress.send("verified", **bufs.check(size, corrupt_me,
+                                              after_collective=after_last if last else None))
         clock.lap("sweep")
     progress.send("done", phase_times=clock.times)
 

@@ -427,9 +427,20 @@ def proc_state(pid: int) -> str | None:
         raw = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
         return None
-    # "pid (comm) S ...": comm may hold spaces and parentheses, the state follows the last ")".
-    tail = raw[raw.rfind(b")") + 1:].split()
-    return tail[0].decode(errors="replace") if tail else None
+    return stat_state(raw)
+
+
+def stat_state(raw: bytes) -> str | None:
+    """The state letter of a ``/proc/PID/stat`` line, None when the line is not one.
+
+    "pid (comm) S ...": comm may hold spaces and parentheses, the state follows the last ")".
+    """
+    end = raw.rfind(b")")
+    if end < 0:
+        return None
+    tail = raw[end + 1:].split()
+    state = tail[0].decode(errors="replace") if tail else ""
+    return state if len(state) == 1 and state.isalpha() else None
 
 
 def _frozen(ranks: Sequence[RankState], now: float,

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+from hypothesis import given
+from hypothesis import strategies as hst
 
 from preflight.bench import BenchUsageError, plan
 from preflight.bench.parent import (
@@ -30,6 +32,7 @@ from preflight.bench.parent import (
     _stalled,
     proc_state,
     run_workers,
+    stat_state,
 )
 from preflight.bench.verdict import judge
 from preflight.model import Status
@@ -126,6 +129,19 @@ def test_proc_state_reads_the_kernel() -> None:
         child.kill()
         child.wait()
     assert proc_state(child.pid) is None
+
+
+@given(comm=hst.text(max_size=20).filter(lambda c: "\x00" not in c),
+       state=hst.sampled_from("RSDTtZXI"), rest=hst.text(max_size=40))
+def test_stat_state_survives_any_command_name(comm: str, state: str, rest: str) -> None:
+    raw = f"4242 ({comm}) {state} 1 4242 4242 0 -1 {rest.replace(')', '')}".encode()
+    assert stat_state(raw) == state
+
+
+@given(hst.binary(max_size=64))
+def test_stat_state_never_raises(raw: bytes) -> None:
+    got = stat_state(raw)
+    assert got is None or (len(got) == 1 and got.isalpha())
 
 
 @pytest.mark.parametrize("when", ["spawn", "init", "warm-up of 1 MiB", "measure of 2 MiB"])
@@ -281,12 +297,14 @@ def _gone(procs: list[psutil.Process], within: float) -> bool:
     return not alive
 
 
-def test_sigterm_kills_workers_and_removes_the_log_dir(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_kills_workers_and_removes_the_log_dir(tmp_path: Path, sig: int) -> None:
     parent = _start_parent(tmp_path)
     workers = _workers(parent.pid)
     time.sleep(1.0)  # the workers are importing or measuring
-    parent.send_signal(signal.SIGTERM)
-    assert parent.wait(20) == 128 + signal.SIGTERM
+    parent.send_signal(sig)
+    # SystemExit(128 + 15); an uncaught KeyboardInterrupt re-raises SIGINT on the way out.
+    assert parent.wait(20) in (128 + sig, -sig)
     assert _gone(workers, 5)
     assert list(tmp_path.glob("preflight-bench-*")) == []
 

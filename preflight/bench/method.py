@@ -170,6 +170,10 @@ def _gpu_link(gpu: Gpu) -> tuple[float, str] | None:
         total = gpu.active_nvlinks * speed
         return total, (f"{gpu.active_nvlinks} active NVLinks x {speed / GB:g} GB/s = "
                        f"{total / GB:g} GB/s")
+    if gpu.active_nvlinks:
+        # NVLinked GPUs talk over NVLink: PCIe is not their yardstick (issue 14: an unknown
+        # NVLink version read as PCIe gave an "efficiency" of 5.23). Unknown stays unknown.
+        return None
     if gpu.pcie and gpu.pcie.gen in PCIE_LANE_BYTES_PER_SECOND and gpu.pcie.width > 0:
         total = PCIE_LANE_BYTES_PER_SECOND[gpu.pcie.gen] * gpu.pcie.width
         return total, f"PCIe gen{gpu.pcie.gen} x{gpu.pcie.width} = {total / GB:.1f} GB/s"
@@ -186,3 +190,12 @@ def link_bandwidth(gpus: Sequence[Gpu]) -> LinkBandwidth | None:
     degraded = tuple(f"GPU {g.index} ({g.pci_bus_id}): {lb[1]}" for g, lb in known
                      if lb[0] < best)
     return LinkBandwidth(best, f"{basis} (per direction, GPU {best_gpu.index})", degraded)
+
+
+def link_efficiency(busbw_gbps: float, link: LinkBandwidth | None) -> float | None:
+    """busbw / what the links allow, in 0..1; None when unknown or when busbw is above the link
+    figure (the figure is then wrong, not the GPUs faster than their links)."""
+    if link is None or link.bytes_per_second <= 0 or busbw_gbps < 0:
+        return None
+    eff = busbw_gbps * GB / link.bytes_per_second
+    return eff if eff <= 1.0 else None

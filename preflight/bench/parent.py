@@ -11,15 +11,24 @@ leader of a new session (``start_new_session``, safe from threads and on Python 
 parent can kill each worker's whole process group; stdout and stderr go to one log file per rank
 (NCCL_DEBUG writes there), progress comes as JSON lines on a dedicated pipe.
 
-Rendezvous: rank 0 hosts a TCPStore on 127.0.0.1 port 0 (the OS picks a free port, no race with
-other jobs) and reports the port; the parent writes it to the other ranks' stdin. The port closes
-with rank 0.
+Rendezvous: rank 0 publishes what the others need (the torch engine: the port of its TCPStore on
+127.0.0.1, port 0 so the OS picks a free one; the nccl4py engine: the NCCL unique id) and the
+parent writes it to the other ranks' stdin.
 
 Deadlines within ``timeout_s``: spawn (start + import torch) and init (store + process group +
 communicator) may each take half of it, at most 60 s; each warm-up, measure and verify step of one
 size at most a quarter, between 2 and 30 s; the whole run ``timeout_s``. A step past its deadline is
 a stall: the ranks behind the others are named; when all ranks are in the same step, those without
 a heartbeat (frozen) are named, else the collective itself is reported as hung.
+
+A frozen rank is named without waiting for a deadline (issue 14: within 5 s of the stop, in any
+phase): a worker the kernel shows as stopped (``/proc/PID/stat`` state T or t: SIGSTOP, a
+debugger) for ``STOPPED_CONFIRM_S``; or, once the workers are past init (where the heartbeat thread
+is never held off by a long import or driver call), one silent for ``FROZEN_SILENT_S`` while
+another rank still beats. A slow but live rank keeps beating and is left to its deadline.
+
+Nothing is left behind: each worker dies with the parent (PR_SET_PDEATHSIG, set by the worker) and
+on SIGTERM / SIGINT the parent kills the workers and removes its ``preflight-bench-*`` directory.
 """
 
 from __future__ import annotations
@@ -46,6 +55,13 @@ PHASE_WORDS = {"spawn": "spawn", "init": "init", "warmup": "warm-up", "measure":
                "verify": "verify", "done": "done"}
 #: A rank whose last heartbeat is older than this is frozen (the worker beats every 0.5 s).
 HEARTBEAT_SILENT_S = 2.0
+#: How long a worker must stay in the kernel's stopped state before it is named as frozen.
+STOPPED_CONFIRM_S = 2.0
+#: Past init, a rank silent this long while another rank beats is frozen (no deadline waited).
+FROZEN_SILENT_S = 3.0
+#: Phase durations a worker reports, in the order they happen (``bench --json`` phase_times_s).
+PHASE_TIMES = ("interpreter", "imports", "cuda_context", "nccl_init", "allocation", "warmup",
+               "sweep", "teardown")
 #: After the first sign of failure, how long to keep reading so the first cause is the one named.
 GRACE_S = 0.5
 _DONE_STEP = 1 << 30
@@ -88,6 +104,10 @@ class BenchOptions:
     labels: tuple[str, ...] = ()
     env: Mapping[str, str] | None = None
     python: str = sys.executable
+    #: "auto" (nccl4py when the interpreter has it, else torch), "torch" or "nccl4py".
+    engine: str = "auto"
+    #: nccl4py's buffer: "device" (cuda.core's allocator) or "nccl" (ncclMemAlloc).
+    alloc: str = "device"
 
 
 @dataclass
@@ -109,6 +129,16 @@ class RankState:
     times: dict[int, float] = field(default_factory=dict)
     verified: dict[int, dict[str, Any]] = field(default_factory=dict)
     buffer: bytes = b""
+    #: wall clock (time.time) when the parent started this worker
+    spawned_wall: float = 0.0
+    phase_times: dict[str, float] = field(default_factory=dict)
+    engine: str | None = None
+    nccl_version: str | None = None
+    libnccl: str | None = None
+    first_allreduce_s: float | None = None
+    stopped_since: float | None = None
+    #: the worker has sent at least one line (its interpreter is running)
+    heard: bool = False
 
     def where(self) -> str:
         word = PHASE_WORDS[self.phase]
@@ -134,6 +164,9 @@ class RunRecord:
     store_port: int | None
     log_dir: str | None
     elapsed_s: float
+    #: seconds from the last rank's "done" to every worker's exit (communicator and CUDA
+    #: context torn down)
+    teardown_s: float | None = None
 
 
 def _step(phase: str, size: int | None, sizes: Sequence[int]) -> int:
@@ -172,6 +205,37 @@ def run_workers(opts: BenchOptions, *,
     started = time.monotonic()
     deadlines = Deadlines.from_timeout(opts.timeout_s)
     log_dir = tempfile.mkdtemp(prefix="preflight-bench-")
+    with _terminate_as_exit():
+        return _run(opts, started, deadlines, log_dir, on_progress)
+
+
+@contextlib.contextmanager
+def _terminate_as_exit() -> Any:
+    """SIGTERM raises SystemExit in the main thread while workers run, so the ``finally`` clauses
+    kill them and remove the log directory (SIGINT already raises KeyboardInterrupt)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, on_term)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(opts: BenchOptions, started: float, deadlines: Deadlines, log_dir: str,
+         on_progress: Callable[[str], None] | None) -> RunRecord:
+    keep = opts.debug
     labels = opts.labels or tuple("CPU" if opts.backend == "gloo" else f"cuda:{r}"
                                   for r in range(opts.nproc))
     ranks = tuple(RankState(rank=r, label=labels[r], entered=started, last_beat=started)
@@ -181,6 +245,8 @@ def run_workers(opts: BenchOptions, *,
     store_port: int | None = None
     failure: Failure | None = None
     logs: list[Any] = []
+    completed = False
+    all_done: float | None = None
     try:
         for st in ranks:
             failure = _spawn(st, opts, env=env, log_dir=log_dir, sel=sel, logs=logs)
@@ -199,11 +265,14 @@ def run_workers(opts: BenchOptions, *,
                     sel.unregister(key.fd)
                     os.close(key.fd)
                     continue
-                port = _consume(st, chunk, opts.sizes, now, on_progress)
-                if port is not None:
-                    store_port = port
-                    _send_port(ranks, port)
+                relay = _consume(st, chunk, opts.sizes, now, on_progress)
+                if relay is not None:
+                    if "port" in relay:
+                        store_port = int(relay["port"])
+                    _relay(ranks, relay)
             now = time.monotonic()
+            if all_done is None and all(st.phase == "done" for st in ranks):
+                all_done = now
             if all(st.phase == "done" and st.proc and st.proc.poll() == 0 for st in ranks):
                 break
             broken = any(st.error or (st.proc and st.proc.poll() not in (None, 0))
@@ -214,7 +283,8 @@ def run_workers(opts: BenchOptions, *,
                 if now - failing_since >= GRACE_S:
                     failure = _broken(ranks)
                 continue
-            failure = _stalled(ranks, deadlines, now, started)
+            failure = _frozen(ranks, now) or _stalled(ranks, deadlines, now, started)
+        completed = True
     finally:
         _kill_all(ranks)
         for key in list(sel.get_map().values()):
@@ -223,12 +293,17 @@ def run_workers(opts: BenchOptions, *,
         sel.close()
         for f in logs:
             f.close()
+        if not completed and not keep:
+            # Interrupted (SIGINT, SIGTERM): no report follows, so nothing of the run may stay.
+            shutil.rmtree(log_dir, ignore_errors=True)
     _collect_tracebacks(ranks, log_dir)
-    keep = opts.debug
     if not keep:
         shutil.rmtree(log_dir, ignore_errors=True)
+    ended = time.monotonic()
     return RunRecord(options=opts, ranks=ranks, failure=failure, store_port=store_port,
-                     log_dir=log_dir if keep else None, elapsed_s=time.monotonic() - started)
+                     log_dir=log_dir if keep else None, elapsed_s=ended - started,
+                     teardown_s=ended - all_done if all_done is not None and not failure
+                     else None)
 
 
 def _spawn(st: RankState, opts: BenchOptions, *, env: dict[str, str], log_dir: str,
@@ -241,10 +316,12 @@ def _spawn(st: RankState, opts: BenchOptions, *, env: dict[str, str], log_dir: s
             "--world-size", str(opts.nproc), "--backend", opts.backend,
             "--sizes", ",".join(str(s) for s in opts.sizes), "--iters", str(opts.iters),
             "--warmup", str(opts.warmup), "--progress-fd", str(write_fd),
+            "--engine", opts.engine, "--alloc", opts.alloc, "--parent-pid", str(os.getpid()),
             # torch's own deadline is a backstop behind the parent's, so the parent names the rank.
             "--timeout-s", f"{opts.timeout_s + 30:g}"]
     log = open(Path(log_dir) / f"rank{st.rank}.log", "wb")  # noqa: SIM115 - closed by the caller
     logs.append(log)
+    st.spawned_wall = time.time()
     try:
         st.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log,
                                    stderr=subprocess.STDOUT, env=env, pass_fds=(write_fd,),
@@ -262,10 +339,11 @@ def _spawn(st: RankState, opts: BenchOptions, *, env: dict[str, str], log_dir: s
 
 
 def _consume(st: RankState, chunk: bytes, sizes: Sequence[int], now: float,
-             on_progress: Callable[[str], None] | None) -> int | None:
-    """Apply the JSON lines in ``chunk`` to ``st``; return the store port if rank 0 sent it."""
+             on_progress: Callable[[str], None] | None) -> dict[str, Any] | None:
+    """Apply the JSON lines in ``chunk`` to ``st``; return what rank 0 published for the others
+    (``{"port": N}`` or ``{"uid": HEX}``), if it did."""
     st.buffer += chunk
-    port = None
+    relay: dict[str, Any] | None = None
     *lines, st.buffer = st.buffer.split(b"\n")
     for raw in lines:
         try:
@@ -274,11 +352,18 @@ def _consume(st: RankState, chunk: bytes, sizes: Sequence[int], now: float,
             continue
         if not isinstance(msg, dict):
             continue
-        st.last_beat = now
+        st.last_beat, st.heard = now, True
         ev = msg.get("ev")
-        if ev == "spawned":
+        if ev == "started":
+            t_main = msg.get("t_main")
+            if isinstance(t_main, (int, float)) and st.spawned_wall:
+                st.phase_times["interpreter"] = max(0.0, float(t_main) - st.spawned_wall)
+        elif ev == "spawned":
             st.pid = int(msg.get("pid") or st.pid or 0)
             st.pci_bus_id = msg.get("pci_bus_id")
+            st.engine = str(msg["engine"]) if msg.get("engine") else None
+            st.nccl_version = str(msg["nccl"]) if msg.get("nccl") else None
+            st.libnccl = str(msg["libnccl"]) if msg.get("libnccl") else None
         elif ev == "phase":
             phase = str(msg.get("phase"))
             if phase == "init" and msg.get("done"):
@@ -289,21 +374,30 @@ def _consume(st: RankState, chunk: bytes, sizes: Sequence[int], now: float,
                 if on_progress and st.rank == 0:
                     on_progress(st.where())
         elif ev == "store":
-            port = int(msg["port"])
+            relay = {"port": int(msg["port"])}
+        elif ev == "uid":
+            relay = {"uid": str(msg["uid"])}
         elif ev == "measured":
             st.times[int(msg["size"])] = float(msg["time_s"])
+            first = msg.get("first_allreduce_s")
+            if isinstance(first, (int, float)):
+                st.first_allreduce_s = float(first)
         elif ev == "verified":
             st.verified[int(msg["size"])] = msg
         elif ev == "done":
             st.phase, st.size, st.step, st.entered = "done", None, _DONE_STEP, now
+            times = msg.get("phase_times")
+            if isinstance(times, dict):
+                st.phase_times.update({str(k): float(v) for k, v in times.items()
+                                       if k in PHASE_TIMES and isinstance(v, (int, float))})
         elif ev == "error":
             st.error = str(msg.get("error"))
             st.traceback = str(msg.get("traceback", ""))
-    return port
+    return relay
 
 
-def _send_port(ranks: Sequence[RankState], port: int) -> None:
-    line = (json.dumps({"port": port}) + "\n").encode()
+def _relay(ranks: Sequence[RankState], payload: Mapping[str, Any]) -> None:
+    line = (json.dumps(dict(payload)) + "\n").encode()
     for st in ranks[1:]:
         if st.proc and st.proc.stdin:
             with contextlib.suppress(OSError):
@@ -327,6 +421,60 @@ def _others(ranks: Sequence[RankState], skip: Sequence[RankState]) -> str:
         for w, rs in by_where.items())
 
 
+def proc_state(pid: int) -> str | None:
+    """The kernel's one-letter state of ``pid`` (R, S, D, T, t, Z, ...), None if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    return stat_state(raw)
+
+
+def stat_state(raw: bytes) -> str | None:
+    """The state letter of a ``/proc/PID/stat`` line, None when the line is not one.
+
+    "pid (comm) S ...": comm may hold spaces and parentheses, the state follows the last ")".
+    """
+    end = raw.rfind(b")")
+    if end < 0:
+        return None
+    tail = raw[end + 1:].split()
+    state = tail[0].decode(errors="replace") if tail else ""
+    return state if len(state) == 1 and state.isalpha() else None
+
+
+def _frozen(ranks: Sequence[RankState], now: float,
+            state_of: Callable[[int], str | None] = proc_state) -> Failure | None:
+    """A frozen rank, named without waiting for a phase deadline (see the module docstring)."""
+    stopped = []
+    for st in ranks:
+        alive = st.proc is not None and st.proc.poll() is None
+        state = state_of(st.proc.pid) if alive and st.proc is not None else None
+        if state in ("T", "t"):
+            st.stopped_since = st.stopped_since or now
+            if now - st.stopped_since >= STOPPED_CONFIRM_S:
+                stopped.append(st)
+        else:
+            st.stopped_since = None
+    if stopped:
+        st0 = stopped[0]
+        return Failure("stalled", f"{_names(stopped)} stopped in {st0.where()} (process state T:"
+                       f" stopped by a signal or a debugger; no heartbeat for "
+                       f"{now - st0.last_beat:.0f} s){_others(ranks, stopped)}",
+                       tuple(st.rank for st in stopped))
+    past_init = [st for st in ranks if st.phase in ("warmup", "measure", "verify")]
+    if len(past_init) < 2:
+        return None
+    silent = [st for st in past_init if now - st.last_beat > FROZEN_SILENT_S]
+    beating = [st for st in ranks if now - st.last_beat <= HEARTBEAT_SILENT_S]
+    if silent and beating:
+        st0 = silent[0]
+        return Failure("stalled", f"{_names(silent)} stopped in {st0.where()} (no heartbeat for "
+                       f"{now - st0.last_beat:.0f} s: the process is frozen)"
+                       f"{_others(ranks, silent)}", tuple(st.rank for st in silent))
+    return None
+
+
 def _stalled(ranks: Sequence[RankState], deadlines: Deadlines, now: float,
              started: float) -> Failure | None:
     """A Failure when some rank has been in one phase past its deadline, or the run past its."""
@@ -343,6 +491,17 @@ def _stalled(ranks: Sequence[RankState], deadlines: Deadlines, now: float,
         return Failure("timeout", f"the run did not finish within --timeout {deadlines.total_s:g}"
                        f" s; {_names(behind)} in {behind[0].where()} (still progressing)"
                        f"{_others(ranks, behind)}", tuple(st.rank for st in behind))
+    if behind[0].phase == "spawn" and (not silent or not any(st.heard for st in behind)):
+        # Still starting: the interpreter has not reported yet or is importing its packages.
+        # Nothing ran on the GPUs, so this is no hang and no reason to look for Xid errors.
+        st0 = behind[0]
+        quiet = [st for st in behind if not st.heard]
+        what = ("the interpreter has not started the worker yet" if len(quiet) == len(behind)
+                else "still importing torch / nccl4py")
+        return Failure("slow_start", f"{_names(behind)} still starting after "
+                       f"{now - st0.entered:.0f} s ({what}; spawn deadline "
+                       f"{deadlines.spawn_s:g} s){_others(ranks, behind)}",
+                       tuple(st.rank for st in behind))
     if len(behind) < len(ranks):
         st0 = behind[0]
         beat = (f" (no heartbeat for {now - st0.last_beat:.0f} s: the process is frozen)"

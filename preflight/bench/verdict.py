@@ -16,7 +16,7 @@ from typing import Any
 
 from preflight.bench import method
 from preflight.bench.nccl_debug import summarize
-from preflight.bench.parent import RunRecord
+from preflight.bench.parent import PHASE_TIMES, RunRecord
 from preflight.core.result import Status
 from preflight.core.units import fmt_bytes
 from preflight.probes.gpu import Gpu
@@ -72,6 +72,13 @@ class BenchResult:
     nccl: dict[str, Any] | None = None
     elapsed_s: float = 0.0
     notes: tuple[str, ...] = field(default=())
+    #: seconds per phase (interpreter, imports, cuda_context, nccl_init, allocation, warmup,
+    #: sweep), the slowest rank's; the engine the workers ran and the NCCL they loaded
+    phase_times_s: dict[str, float] = field(default_factory=dict)
+    engine: str | None = None
+    nccl_version: str | None = None
+    libnccl: str | None = None
+    first_allreduce_s: float | None = None
 
     def details(self) -> dict[str, Any]:
         """Flat facts for a check Result and metrics."""
@@ -93,7 +100,12 @@ class BenchResult:
                 "link_basis": self.link_basis, "link_efficiency": self.link_efficiency,
                 "stalled_ranks": list(self.stalled_ranks), "store_port": self.store_port,
                 "pids": list(self.pids), "debug_log": self.debug_log, "nccl": self.nccl,
-                "elapsed_s": round(self.elapsed_s, 3), "notes": list(self.notes)}
+                "elapsed_s": round(self.elapsed_s, 3), "notes": list(self.notes),
+                "engine": self.engine, "nccl_version": self.nccl_version,
+                "libnccl": self.libnccl,
+                "phase_times_s": {k: round(v, 4) for k, v in self.phase_times_s.items()},
+                "first_allreduce_s": (round(self.first_allreduce_s, 4)
+                                      if self.first_allreduce_s is not None else None)}
 
 
 def rows_of(record: RunRecord) -> list[Row]:
@@ -127,6 +139,28 @@ def _wrong_sum(record: RunRecord, rows: Sequence[Row]) -> str | None:
     return None
 
 
+def phase_times(record: RunRecord) -> dict[str, float]:
+    """Per phase, the slowest rank's seconds (the run waits for it), in the order they happen."""
+    out: dict[str, float] = {}
+    for name in PHASE_TIMES:
+        values = [st.phase_times[name] for st in record.ranks if name in st.phase_times]
+        if values:
+            out[name] = max(values)
+    if record.teardown_s is not None:
+        out["teardown"] = record.teardown_s
+    return out
+
+
+def _run_facts(record: RunRecord) -> dict[str, Any]:
+    first = [st.first_allreduce_s for st in record.ranks if st.first_allreduce_s is not None]
+    return dict(phase_times_s=phase_times(record),
+                engine=next((st.engine for st in record.ranks if st.engine), None),
+                nccl_version=next((st.nccl_version for st in record.ranks if st.nccl_version),
+                                  None),
+                libnccl=next((st.libnccl for st in record.ranks if st.libnccl), None),
+                first_allreduce_s=max(first) if first else None)
+
+
 def judge(record: RunRecord, *, gpus: Sequence[Gpu] = (),
           min_busbw_gbps: float | None = None, floor_source: str = "--min-busbw",
           notes: Sequence[str] = ()) -> BenchResult:
@@ -145,7 +179,7 @@ def judge(record: RunRecord, *, gpus: Sequence[Gpu] = (),
         backend=opts.backend, world_size=opts.nproc, devices=devices, rows=tuple(rows),
         store_port=record.store_port, pids=tuple(st.pid for st in record.ranks if st.pid),
         debug_log=debug_log, nccl=nccl_info.to_json() if nccl_info else None,
-        elapsed_s=record.elapsed_s, notes=tuple(notes))
+        elapsed_s=record.elapsed_s, notes=tuple(notes), **_run_facts(record))
     nccl_text = f" NCCL chose: {nccl_info.text()}." if nccl_info else ""
     log_text = f" Worker logs: {debug_log}" if debug_log else " Rerun with --debug to keep logs."
 
@@ -154,6 +188,15 @@ def judge(record: RunRecord, *, gpus: Sequence[Gpu] = (),
         if f.kind in ("stalled", "hung"):
             return BenchResult(**base, status=Status.FAIL, reason="AllreduceStalled",
                                message=f.message + "." + nccl_text, remedy=REMEDY_STALL + log_text,
+                               stalled_ranks=f.ranks)
+        if f.kind == "slow_start":
+            return BenchResult(**base, status=Status.ERROR, reason="WorkerStartSlow",
+                               message=f.message + "; nothing ran on the GPUs yet.",
+                               remedy=f"The workers' interpreter ({opts.python}) took longer "
+                                      "than the spawn deadline to start and import its packages:"
+                                      " raise --timeout (spawn may take half of it, at most "
+                                      "60 s), or look at the filesystem the environment lives on "
+                                      "(a cold NFS cache)." + log_text,
                                stalled_ranks=f.ranks)
         if f.kind == "timeout":
             return BenchResult(**base, status=Status.ERROR, reason="BenchTimeout",
@@ -190,9 +233,11 @@ def judge(record: RunRecord, *, gpus: Sequence[Gpu] = (),
     last = rows[-1]
     busbw = last.busbw_gbps
     link = method.link_bandwidth(gpus) if opts.backend == "nccl" else None
-    eff = busbw * method.GB / link.bytes_per_second if link else None
+    eff = method.link_efficiency(busbw, link)
     at = f"busbw {busbw:.2f} GB/s at {fmt_bytes(last.size_bytes)} over {opts.nproc} ranks"
     link_text = (f"; link efficiency {eff:.2f} of {link.basis}" if link and eff is not None
+                 else f"; link efficiency not shown: busbw is above the link figure {link.basis}"
+                      f", so NVML's link figures are wrong" if link
                  else "; link bandwidth unknown (no NVML figures)" if opts.backend == "nccl"
                  else "")
     if link and link.degraded:
@@ -261,4 +306,9 @@ def render_table(result: BenchResult) -> str:
         lines.append(f"# fix: {result.remedy}")
     for note in result.notes:
         lines.append(f"# note: {note}")
+    if result.phase_times_s:
+        lines.append("# phases (s, slowest rank): " + ", ".join(
+            f"{k} {v:.3f}" for k, v in result.phase_times_s.items())
+            + (f"; engine {result.engine}" if result.engine else "")
+            + (f", NCCL {result.nccl_version}" if result.nccl_version else ""))
     return "\n".join(lines)

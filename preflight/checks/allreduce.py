@@ -12,8 +12,9 @@ sections 3.1, 3.3 and 6.2). Only a collective shows it; a stalled rank is named.
 When: on by default with at least 2 visible GPUs; SKIP without NVML, with fewer GPUs, or when a
 compute process uses a GPU (never steal a running job's GPUs). ``--no-bandwidth`` skips it.
 
-Knobs: ``min_busbw_gbps`` (None = table), ``bench_min_bytes`` (1 MiB), ``bench_max_bytes``
-(1 GiB), ``bench_timeout_s`` (120 s, also this check's deadline, plus a margin).
+Knobs: ``min_busbw_gbps`` (None = table), ``bench_max_bytes`` (1 GiB: the one size this check
+runs), ``bench_engine`` (auto), ``bench_timeout_s`` (120 s, also this check's deadline, plus a
+margin).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def run(ctx: Context) -> Result:
         return Result(NAME, Status.SKIP, stop.reason, f"no all-reduce test: {stop.why}",
                       "Run it when the GPUs are idle, or pass --no-bandwidth."
                       if stop.reason == "GpusBusy" else "")
-    the_plan = plan(ctx, backend="nccl")
+    # The largest size decides the verdict; the full sweep is `preflight bench`'s.
+    the_plan = plan(ctx, backend="nccl", engine=ctx.config.bench_engine, largest_only=True)
     floor = ctx.config.min_busbw_gbps
     with activity("the all-reduce workers (preflight bench)"):
         result = run_bench(ctx, the_plan, min_busbw_gbps=floor,

@@ -52,6 +52,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--python", metavar="PATH",
                    help="interpreter whose torch/NCCL the workers use: the training environment "
                         "(default: config key python, else the one running preflight)")
+    p.add_argument("--engine", choices=("auto", "torch", "nccl4py"),
+                   help="what the workers run (default bench_engine, auto): nccl4py (NVIDIA's "
+                        "NCCL bindings, no torch: the fast path) when the interpreter has it, "
+                        "else torch; torch tests the training environment's own torch")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--debug", action="store_true",
                    help="run the workers with NCCL_DEBUG=INFO, keep their output in a directory "
@@ -65,10 +69,12 @@ def run(args: argparse.Namespace) -> int:
     from preflight.bench.verdict import render_table
 
     ctx = build_context(args, {"min_busbw_gbps": args.min_busbw,
-                               "bench_timeout_s": args.timeout, "python": args.python})
+                               "bench_timeout_s": args.timeout, "python": args.python,
+                               "bench_engine": args.engine})
     try:
         the_plan = plan(ctx, backend=args.backend, nproc=args.nproc, min_bytes=args.min_bytes,
-                        max_bytes=args.max_bytes, debug=args.debug)
+                        max_bytes=args.max_bytes, debug=args.debug,
+                        engine=ctx.config.bench_engine)
     except BenchUsageError as exc:
         print(f"preflight bench: {exc}", file=sys.stderr)
         return int(ExitCode.USAGE)

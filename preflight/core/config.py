@@ -67,6 +67,8 @@ class Config:
     bench_min_bytes: int = 1 * MiB
     #: Deadline of the whole bandwidth test, seconds.
     bench_timeout_s: float = 120.0
+    #: Bandwidth test workers: auto (nccl4py if importable, else torch), torch or nccl4py.
+    bench_engine: str = "auto"
     #: Treat the job as multi-node even when WORLD_SIZE does not say so.
     multi_node: bool = False
     #: On non-master nodes, try a TCP connect to MASTER_ADDR:MASTER_PORT.
@@ -164,6 +166,8 @@ def validate(config: Config, *, source: str) -> Config:
     need(config.bench_min_bytes >= 4, "bench_min_bytes", ">= 4")
     need(config.bench_max_bytes >= config.bench_min_bytes, "bench_max_bytes", ">= bench_min_bytes")
     need(config.bench_timeout_s > 0, "bench_timeout_s", "> 0")
+    need(config.bench_engine in ("auto", "torch", "nccl4py"), "bench_engine",
+         "one of auto, torch, nccl4py")
     need(config.interval_s > 0, "interval_s", "> 0")
     need(config.xid_since_s is None or config.xid_since_s > 0, "xid_since_s", "> 0")
     need(config.fabric_expected_rate_gbps is None or config.fabric_expected_rate_gbps > 0,

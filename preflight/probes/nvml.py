@@ -28,10 +28,41 @@ _SLOWDOWN_BITS = {
     0x0000000000000080: "HwPowerBrakeSlowdown",
 }
 
-#: Per-link, per-direction NVLink bandwidth by NVLink version, bytes/s, when NVML gives no speed
-#: field: V100 NVLink2 25 GB/s, A100 NVLink3 25 GB/s (12 links = 300), H100/H200 NVLink4 25 GB/s
-#: (18 links = 450), B200 NVLink5 50 GB/s (18 links = 900). NVIDIA product briefs.
-_NVLINK_LINK_BYTES_PER_SECOND = {2: 25e9, 3: 25e9, 4: 25e9, 5: 50e9}
+#: ``nvmlNvlinkVersion_t`` as nvml.h defines it: what ``nvmlDeviceGetNvLinkVersion`` returns is this
+#: enum, not the version number (a 2x H200 node answers 6 = NVLink 4.0; measured.md).
+NVLINK_VERSIONS: dict[int, str] = {0: "invalid", 1: "1.0", 2: "2.0", 3: "2.2", 4: "3.0", 5: "3.1",
+                                   6: "4.0", 7: "5.0", 8: "6.0"}
+#: Nominal per-link, per-direction NVLink bandwidth by NVML enum value, bytes/s (NVIDIA product
+#: briefs): NVLink 1.0 (P100) 20 GB/s; 2.x (V100) 25; 3.x (A100, 12 links = 300) 25; 4.0
+#: (H100/H200, 18 links = 450) 25; 5.0 (B200, 18 links = 900) 50. NVLink 6.0 has no figure here
+#: (its per-link split is not in a brief we can cite): only NVML's speed field can size it.
+NVLINK_NOMINAL_BYTES_PER_SECOND: dict[int, float] = {1: 20e9, 2: 25e9, 3: 25e9, 4: 25e9, 5: 25e9,
+                                                     6: 25e9, 7: 50e9}
+#: ``NVML_FI_DEV_NVLINK_GET_SPEED`` (nvml.h): the link's speed in MB/s (1e6 B/s) per direction,
+#: scoped by link; 26562 on an H200 link (measured.md).
+FI_NVLINK_GET_SPEED = 164
+
+
+def nvlink_link_bytes_per_second(version: int | None,
+                                 speed_mbps: int | None = None) -> tuple[float | None, str]:
+    """(per-link, per-direction bandwidth in bytes/s, where it came from) for one GPU.
+
+    NVML's measured speed field wins (``speed_mbps``, MB/s); else the nominal figure of the NVLink
+    version enum; else ``None``: an unknown enum value is never guessed (nor read as PCIe).
+    """
+    if speed_mbps is not None and 0 < speed_mbps < 10_000_000:
+        return speed_mbps * 1e6, f"NVML link speed {speed_mbps / 1000:g} GB/s"
+    if version is None:
+        return None, "NVLink version unknown"
+    name = NVLINK_VERSIONS.get(int(version))
+    nominal = NVLINK_NOMINAL_BYTES_PER_SECOND.get(int(version))
+    if name is None:
+        return None, f"NVLink version enum {version} unknown to preflight"
+    if nominal is None:
+        return None, f"NVLink {name}: no nominal per-link figure"
+    return nominal, f"NVLink {name} nominal {nominal / 1e9:g} GB/s"
+
+
 _NVLINK_MAX_LINKS = 18
 #: nvmlComputeMode_t values (nvml.h) by name.
 _COMPUTE_MODES = {0: "DEFAULT", 1: "EXCLUSIVE_THREAD", 2: "PROHIBITED", 3: "EXCLUSIVE_PROCESS"}
@@ -173,6 +204,7 @@ class NvmlGpuProbe:
                  handle: Any) -> tuple[tuple[NvLink, ...], float | None]:
         links = []
         version = None
+        speed_mbps: int | None = None
         for link in range(_NVLINK_MAX_LINKS):
             state = opt(nv.nvmlDeviceGetNvLinkState, handle, link)
             if state is None:
@@ -184,8 +216,10 @@ class NvmlGpuProbe:
                 if info is not None:
                     remote = normalize_bus_id(_text(info.busId))
                 version = version or opt(nv.nvmlDeviceGetNvLinkVersion, handle, link)
+                if speed_mbps is None:
+                    speed_mbps = _field_uint(nv, opt, handle, FI_NVLINK_GET_SPEED, link)
             links.append(NvLink(link=link, active=active, remote_bus_id=remote))
-        speed = _NVLINK_LINK_BYTES_PER_SECOND.get(int(version)) if version else None
+        speed, _ = nvlink_link_bytes_per_second(int(version) if version else None, speed_mbps)
         return tuple(links), speed
 
     @staticmethod
@@ -202,6 +236,23 @@ class NvmlGpuProbe:
                                    gpu_instance=opt(nv.nvmlDeviceGetGpuInstanceId, mig),
                                    compute_instance=opt(nv.nvmlDeviceGetComputeInstanceId, mig)))
         return tuple(out)
+
+
+def _field_uint(nv: Any, opt: Callable[..., Any], handle: Any, field: int,
+                link: int) -> int | None:
+    """One unsigned NVML field value scoped to a link, None when unsupported or unreadable."""
+    try:
+        values = opt(nv.nvmlDeviceGetFieldValues, handle, [(field, link)])
+    except (TypeError, ValueError, AttributeError):  # an nvidia-ml-py without scoped fields
+        return None
+    if not values:
+        return None
+    value = values[0]
+    if getattr(value, "nvmlReturn", 1) != 0:
+        return None
+    with contextlib.suppress(AttributeError, TypeError, ValueError):
+        return int(value.value.uiVal)
+    return None
 
 
 def _init_error(nv: Any, exc: Exception) -> str:

@@ -4,7 +4,7 @@
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
+  --target /tmp/site "${WHL:-.whl}"/*.whl || exit 1
 export PYTHONPATH=$PWD:/tmp/site
 P=(python3 -m preflight)
 sec() { printf '\n######## %s\n' "$*" >>"$LOG"; }

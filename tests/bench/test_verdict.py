@@ -107,7 +107,7 @@ def _ranks(*where: tuple[str, int | None, float, float]) -> list[RankState]:
     out = []
     for r, (phase, size, entered, beat) in enumerate(where):
         st = RankState(rank=r, label="CPU", phase=phase, size=size, entered=entered,
-                       last_beat=beat)
+                       last_beat=beat, heard=True)
         st.step = _step(phase, size, SIZES)
         out.append(st)
     return out

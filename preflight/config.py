@@ -67,6 +67,14 @@ class Config:
     bench_min_bytes: int = 1 * MiB
     #: Deadline of the whole bandwidth test, seconds.
     bench_timeout_s: float = 120.0
+    #: gpu_speed: FAIL a GPU below this fraction of the node's median figure.
+    gpu_speed_slow_fraction: float = 0.8
+    #: gpu_speed: WARN a figure below this fraction of its hardware limit.
+    gpu_speed_warn_fraction: float = 0.5
+    #: gpu_speed: deadline of the whole run, seconds (phases have their own, docs/gpu-speed.md).
+    gpu_speed_timeout_s: float = 30.0
+    #: gpu_speed worker engine: auto (cuda, else torch), cuda, torch, cpu (plumbing test).
+    gpu_speed_engine: str = "auto"
     #: Treat the job as multi-node even when WORLD_SIZE does not say so.
     multi_node: bool = False
     #: On non-master nodes, try a TCP connect to MASTER_ADDR:MASTER_PORT.
@@ -157,6 +165,11 @@ def validate(config: Config, *, source: str) -> Config:
     need(config.bench_min_bytes >= 4, "bench_min_bytes", ">= 4")
     need(config.bench_max_bytes >= config.bench_min_bytes, "bench_max_bytes", ">= bench_min_bytes")
     need(config.bench_timeout_s > 0, "bench_timeout_s", "> 0")
+    for key in ("gpu_speed_slow_fraction", "gpu_speed_warn_fraction"):
+        need(0 < getattr(config, key) <= 1, key, "in (0, 1]")
+    need(config.gpu_speed_timeout_s > 0, "gpu_speed_timeout_s", "> 0")
+    need(config.gpu_speed_engine in ("auto", "cuda", "torch", "cpu"), "gpu_speed_engine",
+         "auto, cuda, torch or cpu")
     need(config.interval_s > 0, "interval_s", "> 0")
     need(config.bandwidth_interval_s > 0, "bandwidth_interval_s", "> 0")
     need(config.listen.rpartition(":")[2].isdigit(), "listen", "HOST:PORT")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from preflight.pci import normalize_bus_id
-from preflight.probes.gpu import Gpu, GpuSnapshot, MigInstance, NvLink, PcieLink
+from preflight.probes.gpu import Gpu, GpuClocks, GpuSnapshot, MigInstance, NvLink, PcieLink
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -31,6 +31,12 @@ _SLOWDOWN_BITS = {
 #: Per-link, per-direction NVLink bandwidth by NVLink version, bytes/s, when NVML gives no speed
 #: field: V100 NVLink2 25 GB/s, A100 NVLink3 25 GB/s (12 links = 300), H100/H200 NVLink4 25 GB/s
 #: (18 links = 450), B200 NVLink5 50 GB/s (18 links = 900). NVIDIA product briefs.
+#: Every NVML clock-event reason bit by name (nvml.h nvmlClocksEventReason*), for gpu_speed's why.
+_CLOCK_REASON_BITS = {
+    0x1: "GpuIdle", 0x2: "ApplicationsClocksSetting", 0x4: "SwPowerCap", 0x8: "HwSlowdown",
+    0x10: "SyncBoost", 0x20: "SwThermalSlowdown", 0x40: "HwThermalSlowdown",
+    0x80: "HwPowerBrakeSlowdown", 0x100: "DisplayClockSetting",
+}
 _NVLINK_LINK_BYTES_PER_SECOND = {2: 25e9, 3: 25e9, 4: 25e9, 5: 50e9}
 _NVLINK_MAX_LINKS = 18
 #: nvmlComputeMode_t values (nvml.h) by name.
@@ -155,6 +161,26 @@ class NvmlGpuProbe:
             mig_instances=self._mig(nv, opt, handle) if mig_enabled else (),
             compute_pids=tuple(int(p.pid) for p in procs),
             compute_mode=_COMPUTE_MODES.get(int(mode), str(mode)) if mode is not None else None,
+            clocks=self._clocks(nv, opt, handle, reasons, temperature),
+        )
+
+    @staticmethod
+    def _clocks(nv: Any, opt: Callable[..., Any], handle: Any, reasons: int,
+                temperature: int | None) -> GpuClocks:
+        def mw(value: Any) -> float | None:
+            return float(value) / 1000 if value is not None else None
+
+        bus = getattr(nv, "nvmlDeviceGetMemoryBusWidth", None)
+        return GpuClocks(
+            sm_clock_mhz=opt(nv.nvmlDeviceGetClockInfo, handle, nv.NVML_CLOCK_SM),
+            max_sm_clock_mhz=opt(nv.nvmlDeviceGetMaxClockInfo, handle, nv.NVML_CLOCK_SM),
+            max_mem_clock_mhz=opt(nv.nvmlDeviceGetMaxClockInfo, handle, nv.NVML_CLOCK_MEM),
+            mem_bus_width_bits=opt(bus, handle) if bus is not None else None,
+            power_w=mw(opt(nv.nvmlDeviceGetPowerUsage, handle)),
+            power_limit_w=mw(opt(nv.nvmlDeviceGetEnforcedPowerLimit, handle)),
+            default_power_limit_w=mw(opt(nv.nvmlDeviceGetPowerManagementDefaultLimit, handle)),
+            temperature_c=int(temperature) if temperature is not None else None,
+            clock_reasons=tuple(n for bit, n in _CLOCK_REASON_BITS.items() if reasons & bit),
         )
 
     @staticmethod

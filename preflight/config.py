@@ -211,7 +211,8 @@ def load_file(path: str | Path, *, base: Config | None = None) -> Config:
 
 ENV_PREFIX = "PREFLIGHT_"
 #: Variables with our prefix that are not configuration keys.
-_ENV_NOT_CONFIG = frozenset({"PREFLIGHT_CONFIG", "PREFLIGHT_NVML_FIXTURE", "PREFLIGHT_LOG_LEVEL"})
+_ENV_NOT_CONFIG = frozenset({"PREFLIGHT_CONFIG", "PREFLIGHT_NVML_FIXTURE", "PREFLIGHT_LOG_LEVEL",
+                             "PREFLIGHT_GPU_SPEED_FIXTURE", "PREFLIGHT_GPUSPEED_TEST_STALL"})
 
 
 def from_env(env: Mapping[str, str], *, base: Config) -> Config:

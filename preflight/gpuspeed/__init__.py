@@ -10,6 +10,7 @@ judges with :mod:`preflight.gpuspeed.verdict`. docs/gpu-speed.md explains the me
 from __future__ import annotations
 
 import threading
+
 from preflight.context import Context
 from preflight.gpuspeed.limits import KINDS, UNITS
 from preflight.gpuspeed.probe import (
@@ -39,7 +40,7 @@ def speed_probe(ctx: Context) -> SpeedProbe:
         return FixtureSpeedProbe(fixture)
     cfg = ctx.config
     return WorkerSpeedProbe(python=cfg.python, engine=cfg.gpu_speed_engine,
-                            timeout_s=cfg.gpu_speed_timeout_s, env=ctx.env)
+                            timeout_s=cfg.gpu_speed_timeout_s, env=ctx.env, gate=gpu_turn(ctx))
 
 
 def run_speed(ctx: Context, *, include_busy: bool, probe: SpeedProbe | None = None,
@@ -50,7 +51,8 @@ def run_speed(ctx: Context, *, include_busy: bool, probe: SpeedProbe | None = No
     snap = ctx.gpus()
     if not snap.available:
         return SpeedVerdict(Status.SKIP, "NvmlUnavailable",
-                            f"no GPU speed test: NVML is not available ({snap.error or 'no driver'})")
+                            "no GPU speed test: NVML is not available "
+                            f"({snap.error or 'no driver'})")
     gpus = visible_gpus(ctx)[0] if visible_only else snap.gpus
     gpus = tuple(g for g in gpus if g.error is None and g.compute_mode != "PROHIBITED")
     if not gpus:
@@ -70,8 +72,7 @@ def run_speed(ctx: Context, *, include_busy: bool, probe: SpeedProbe | None = No
     targets = tuple(Target(g.pci_bus_id, i, f"GPU {g.index}, {g.pci_bus_id}")
                     for i, g in enumerate(gpus))
     the_probe = probe or speed_probe(ctx)
-    with gpu_turn(ctx):
-        run = the_probe.measure(targets)
+    run = the_probe.measure(targets)
     cfg = ctx.config
     first = judge(run, gpus, slow_fraction=cfg.gpu_speed_slow_fraction,
                   warn_fraction=cfg.gpu_speed_warn_fraction, notes=notes)

@@ -5,6 +5,11 @@ judged against its own phase deadlines, and the first to miss one is named with 
 phase and whether it still sends heartbeats. Process handling, exit texts and the final kill of
 every worker's process group are the all-reduce parent's (:mod:`preflight.bench.parent`).
 
+The workers start, import and set up CUDA at once, report ``ready``, and get the ``go`` only
+while the parent holds ``gate`` (the run's GPU-test lock, shared with the all-reduce): start-up
+overlaps with the all-reduce, the measurements never do. Waiting for the gate has its own limit
+(``gate_wait_s``) and does not count against ``timeout_s``.
+
 Deadlines: ``import`` (interpreter start + engine import) and ``init`` (CUDA context, memory,
 cuBLAS handle) each ``min(20, timeout_s / 2)``; each measurement ``min(10, max(2, timeout_s /
 4))``; the whole run ``timeout_s``.
@@ -19,6 +24,7 @@ import selectors
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +41,7 @@ from preflight.bench.parent import (
 )
 
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
-PHASES = ("spawn", "import", "init", "h2d", "d2h", "d2d", "gemm", "close", "done")
+PHASES = ("spawn", "import", "init", "ready", "h2d", "d2h", "d2d", "gemm", "close", "done")
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,10 @@ class SpeedOptions:
     kinds: tuple[str, ...] = ("h2d", "d2h", "d2d", "gemm")
     env: Mapping[str, str] | None = None
     python: str = sys.executable
+    #: Held while the workers measure; taken once every worker is ready (None: go at once).
+    gate: threading.Lock | None = None
+    #: How long the ready workers may wait for the gate (another GPU test running), seconds.
+    gate_wait_s: float = 150.0
 
     def deadline(self, phase: str) -> float:
         if phase in ("spawn", "import", "init"):
@@ -104,12 +114,14 @@ def run_workers(opts: SpeedOptions) -> SpeedRecord:
     sel = selectors.DefaultSelector()
     logs: list[Any] = []
     failure: WorkerFailure | None = None
+    held = released = False
     try:
         for st in workers:
-            failure = _spawn(st, opts, env, log_dir, sel, logs)
+            failure = _spawn(st, opts, env=env, log_dir=log_dir, sel=sel, logs=logs)
             if failure:
                 break
         failing_since: float | None = None
+        gate_since: float | None = None
         while failure is None:
             for key, _ in sel.select(timeout=0.05):
                 try:
@@ -129,8 +141,25 @@ def run_workers(opts: SpeedOptions) -> SpeedRecord:
                 if now - failing_since >= GRACE_S:
                     failure = _broken(workers)
                 continue
+            if gate_since is None and all(st.phase == "ready" for st in workers):
+                gate_since = now
+            if gate_since is not None and not released:
+                if opts.gate is None or opts.gate.acquire(blocking=False):
+                    held, released = opts.gate is not None, True
+                    _go(workers)
+                    # Waiting for the other test is not this run's time.
+                    started += now - gate_since
+                    for st in workers:
+                        st.entered = now
+                elif now - gate_since > opts.gate_wait_s:
+                    failure = WorkerFailure("timeout", "another GPU test (the all-reduce) held "
+                                            f"the GPUs for more than {opts.gate_wait_s:g} s",
+                                            tuple(st.rank for st in workers))
+                continue
             failure = _late(workers, opts, now, started)
     finally:
+        if held and opts.gate is not None:
+            opts.gate.release()
         _kill_all(workers)
         for key in list(sel.get_map().values()):
             with contextlib.suppress(OSError):
@@ -145,7 +174,7 @@ def run_workers(opts: SpeedOptions) -> SpeedRecord:
     return SpeedRecord(workers, failure, time.monotonic() - started)
 
 
-def _spawn(st: WorkerState, opts: SpeedOptions, env: dict[str, str], log_dir: str,
+def _spawn(st: WorkerState, opts: SpeedOptions, *, env: dict[str, str], log_dir: str,
            sel: selectors.BaseSelector, logs: list[Any]) -> WorkerFailure | None:
     read_fd, write_fd = os.pipe()
     argv = [opts.python, str(WORKER_SCRIPT), "--pci-bus-id", opts.bus_ids[st.rank],
@@ -154,7 +183,7 @@ def _spawn(st: WorkerState, opts: SpeedOptions, env: dict[str, str], log_dir: st
     log = open(Path(log_dir) / f"rank{st.rank}.log", "wb")  # noqa: SIM115 - closed by the caller
     logs.append(log)
     try:
-        st.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+        st.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log,
                                    stderr=subprocess.STDOUT, env=env, pass_fds=(write_fd,),
                                    start_new_session=True, close_fds=True)
     except OSError as exc:
@@ -167,6 +196,14 @@ def _spawn(st: WorkerState, opts: SpeedOptions, env: dict[str, str], log_dir: st
     os.set_blocking(read_fd, False)
     sel.register(read_fd, selectors.EVENT_READ, st)
     return None
+
+
+def _go(workers: Sequence[WorkerState]) -> None:
+    for st in workers:
+        if st.proc and st.proc.stdin:
+            with contextlib.suppress(OSError):
+                st.proc.stdin.write(b"go\n")
+                st.proc.stdin.flush()
 
 
 def _consume(st: WorkerState, chunk: bytes, now: float) -> None:
@@ -197,7 +234,7 @@ def _consume(st: WorkerState, chunk: bytes, now: float) -> None:
 
 def _late(workers: Sequence[WorkerState], opts: SpeedOptions, now: float,
           started: float) -> WorkerFailure | None:
-    late = [st for st in workers if st.phase != "done"
+    late = [st for st in workers if st.phase not in ("done", "ready")
             and now - st.entered > opts.deadline(st.phase)]
     if late:
         st = late[0]

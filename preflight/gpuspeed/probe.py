@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -94,8 +95,10 @@ class WorkerSpeedProbe:
     """Measures for real: one worker process per GPU (:mod:`preflight.gpuspeed.parent`)."""
 
     def __init__(self, *, python: str | None = None, engine: str = "auto",
-                 timeout_s: float = 30.0, env: Mapping[str, str] | None = None) -> None:
+                 timeout_s: float = 30.0, env: Mapping[str, str] | None = None,
+                 gate: threading.Lock | None = None) -> None:
         self.python = python or sys.executable
+        self.gate = gate
         self.engine = engine
         self.timeout_s = timeout_s
         self.env = env
@@ -106,7 +109,8 @@ class WorkerSpeedProbe:
         opts = SpeedOptions(bus_ids=tuple(t.bus_id for t in targets),
                             cuda_indices=tuple(t.cuda_index for t in targets),
                             labels=tuple(t.label for t in targets), timeout_s=self.timeout_s,
-                            engine=self.engine, env=self.env, python=self.python)
+                            engine=self.engine, env=self.env, python=self.python,
+                            gate=self.gate)
         rec = run_workers(opts)
         measures = tuple(GpuMeasure(bus_id=opts.bus_ids[st.rank], figures=dict(st.figures),
                                     device=dict(st.device), phase_s=dict(st.phase_s))

@@ -139,7 +139,8 @@ def judge(run: SpeedRun, gpus: Sequence[Gpu], *, slow_fraction: float, warn_frac
         extra["failure"] = {"kind": f.kind, "message": f.message, "bus_ids": list(f.bus_ids)}
         if f.kind == "engine":
             return SpeedVerdict(Status.SKIP, "EngineMissing",
-                                f"no GPU speed test: the worker cannot import its engine ({f.message})",
+                                "no GPU speed test: the worker cannot import its engine "
+                                f"({f.message})",
                                 "Install the torch-free engine next to the interpreter the "
                                 "workers run under: pip install cuda-bindings nvmath-python "
                                 f"(or torch); see {DOC}.", extra=extra)
@@ -165,7 +166,8 @@ def judge(run: SpeedRun, gpus: Sequence[Gpu], *, slow_fraction: float, warn_frac
         dev = m.device
         cap = dev.get("capability")
         clk = gpu.clocks
-        limits = limits_for(
+        # The cpu engine is a plumbing test: a GPU's limits say nothing about host memcpy.
+        limits = {} if dev.get("engine") == "cpu" else limits_for(
             name=gpu.name or str(dev.get("name", "")),
             pcie_gen=gpu.pcie.max_gen if gpu.pcie else None,
             pcie_width=gpu.pcie.max_width if gpu.pcie else None,

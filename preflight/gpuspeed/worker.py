@@ -12,9 +12,10 @@ one process per GPU, all at once. It needs only the standard library plus one en
 - ``cpu``: plain host memory copies and a small pure-Python multiply; a plumbing test of the
   worker and its parent on machines without a GPU (the figures mean nothing for a GPU).
 
-Progress goes to the parent as JSON lines on ``--progress-fd`` (``spawned``, ``phase``,
-``measured``, ``done``, ``error``), with a heartbeat every ``HEARTBEAT_S`` from a thread, as the
-all-reduce workers do (:mod:`preflight.bench.worker`).
+After ``init`` the worker reports ``ready`` and waits for a ``go`` line on stdin (the parent gives
+it when no other GPU test runs). Progress goes to the parent as JSON lines on ``--progress-fd``
+(``spawned``, ``phase``, ``measured``, ``done``, ``error``), with a heartbeat every
+``HEARTBEAT_S`` from a thread, as the all-reduce workers do (:mod:`preflight.bench.worker`).
 
 Method, each timed with events on the GPU's own stream after untimed warm-up:
 ``h2d`` / ``d2h``: ``COPY_BYTES`` between pinned host memory and the device; ``d2d``: a device copy
@@ -353,6 +354,11 @@ def run(args: argparse.Namespace, progress: Progress) -> None:
     try:
         phase("init", engine.setup)
         progress.send("device", engine=engine.name, dtype=engine.dtype, **engine.device)
+        # Ready: wait for the parent's go, given when no other GPU test (the all-reduce) runs, so
+        # interpreter start, import and CUDA init overlap with it and only the measurement waits.
+        progress.send("phase", phase="ready")
+        if not sys.stdin.readline().startswith("go"):
+            raise RuntimeError("the parent closed the pipe before the go")
         for kind in args.kinds.split(","):
             def measure(kind: str = kind) -> None:
                 iters = ITERS[kind]
@@ -378,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=_heartbeat, args=(progress, os.getppid()), daemon=True).start()
     try:
         run(args, progress)
-    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the parent
+    except BaseException as exc:  # every failure, KeyboardInterrupt too, goes to the parent
         progress.send("error", error=f"{type(exc).__name__}: {exc}",
                       traceback=traceback.format_exc()[-2000:])
         return 1

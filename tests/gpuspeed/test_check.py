@@ -128,5 +128,5 @@ def test_a_bad_fixture_is_a_clear_error(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text("{\"measures\": [{\"bus_id\": 1}]}")
     ctx = Context(config=Config(), env={FIXTURE_ENV: str(bad)}, gpu_probe=FixtureGpuProbe(node()))
-    with pytest.raises(RuntimeError, match="GPU speed fixture .*bad.json unusable"):
+    with pytest.raises(RuntimeError, match=r"GPU speed fixture .*bad\.json unusable"):
         gpu_speed.run(ctx)

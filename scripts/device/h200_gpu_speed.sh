@@ -5,6 +5,9 @@
 # SIGSTOPped worker, and nothing left behind. Writes $OUT/gpuspeed.log and JSON files.
 # Run from the repository root (the lent machine's copy): bash scripts/device/h200_gpu_speed.sh
 set -u
+# Clocks and power limits are left as they are: the lent machines forbid changing them, so the
+# slow GPU is made by load from a second process (the check itself SKIPs a GPU in use;
+# preflight bench --gpu measures it with a note).
 LOG=${OUT:-/tmp/out}/gpuspeed.log
 [ -d .whl ] || ln -s ../../.whl .whl   # from .wt/<branch> on the device copy
 . scripts/device/lib.sh
@@ -60,5 +63,8 @@ kill "$loader"; wait "$loader" 2>/dev/null
 sec "5. SIGSTOP: the worker of GPU 1 stops itself entering gemm (test hook)"
 B1=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader | sed -n 2p | python3 -c "import sys; from preflight.pci import normalize_bus_id as n; print(n(sys.stdin.read()))")
 envrun PREFLIGHT_GPUSPEED_TEST_STALL="$B1:gemm" "${P[@]}" bench --gpu --timeout 12
+
+sec "6. nothing left behind: no worker process, no GPU memory in use"
 run pgrep -fa 'gpuspeed/worker.py'
 run nvidia-smi --query-compute-apps=pid,used_memory --format=csv
+run nvidia-smi --query-gpu=index,memory.used --format=csv

@@ -22,7 +22,7 @@ for g in NvmlGpuProbe().snapshot().gpus: print(g.index, g.pci_bus_id, g.name, js
 
 sec "1. preflight bench --gpu, cuda engine (torch-free), then torch"
 B0=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader | sed -n 1p | python3 -c "import sys; from preflight.pci import normalize_bus_id as n; print(n(sys.stdin.read()))")
-run timeout 60 python3 preflight/gpuspeed/worker.py --pci-bus-id "$B0" --cuda-index 0 --engine cuda --progress-fd 1
+echo go | run timeout 60 python3 preflight/gpuspeed/worker.py --pci-bus-id "$B0" --cuda-index 0 --engine cuda --progress-fd 1
 run "${P[@]}" bench --gpu --engine cuda
 "${P[@]}" bench --gpu --engine cuda --json >"$OUT/gpu-cuda.json" 2>>"$LOG"; echo "rc=$?" >>"$LOG"
 run "${P[@]}" bench --gpu --engine torch

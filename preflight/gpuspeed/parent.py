@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import selectors
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -168,9 +169,7 @@ def run_workers(opts: SpeedOptions) -> SpeedRecord:
         for f in logs:
             f.close()
     _collect_tracebacks(workers, log_dir)
-    for path in Path(log_dir).glob("*"):
-        path.unlink()
-    os.rmdir(log_dir)
+    shutil.rmtree(log_dir, ignore_errors=True)
     return SpeedRecord(workers, failure, time.monotonic() - started)
 
 

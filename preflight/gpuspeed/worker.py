@@ -112,9 +112,12 @@ class CudaEngine(Engine):
     name = "cuda"
 
     def __init__(self, bus_id: str) -> None:
+        # Both imports here, so a missing one falls back to torch under engine auto.
         from cuda.bindings import driver
+        from nvmath.bindings import cublas
 
         self.cu = driver
+        self.cublas = cublas
         self.bus_id = bus_id
         self.ptrs: list[Any] = []
         self.host: int | None = None
@@ -164,11 +167,8 @@ class CudaEngine(Engine):
         ck(cu.cuStreamSynchronize(self.stream))
         self.ev0 = ck(cu.cuEventCreate(0))
         self.ev1 = ck(cu.cuEventCreate(0))
-        from nvmath.bindings import cublas
-
-        self.cublas = cublas
-        self.blas = int(cublas.create())
-        cublas.set_stream(self.blas, int(self.stream))
+        self.blas = int(self.cublas.create())
+        self.cublas.set_stream(self.blas, int(self.stream))
         self.alpha = ctypes.c_float(1.0)
         self.beta = ctypes.c_float(0.0)
 

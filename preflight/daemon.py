@@ -156,9 +156,14 @@ class Runner(Protocol):
 ArgvFor = Callable[[RunKind, Config], Sequence[str]]
 
 
+#: The checks that load the GPUs: they run in the bandwidth run (idle GPUs only), not each interval.
+GPU_LOAD_CHECKS = (ALLREDUCE_CHECK, "gpu_speed")
+
+
 def run_deadline_s(kind: RunKind, config: Config, grace_s: float = CHILD_GRACE_S) -> float:
     """How long a run of ``kind`` may take before its process group is killed."""
-    own = config.bench_timeout_s if kind is RunKind.BANDWIDTH else config.check_timeout_s
+    own = (config.bench_timeout_s + config.gpu_speed_timeout_s if kind is RunKind.BANDWIDTH
+           else config.check_timeout_s)
     return own + grace_s
 
 
@@ -206,7 +211,7 @@ class ChildRunner:
         argv = [sys.executable, "-m", "preflight", "check", "--json", "--config", "/dev/stdin",
                 "--root", self.root]
         if kind is RunKind.BANDWIDTH:
-            return [*argv, "--only", ALLREDUCE_CHECK]
+            return [*argv, "--only", ",".join(GPU_LOAD_CHECKS)]
         return [*argv, "--no-bandwidth"]
 
     def __call__(self, kind: RunKind, config: Config, expected: Sequence[str]) -> Report:
@@ -370,8 +375,8 @@ class Daemon:
             return None
         if bw is None:
             return node
-        results = [r for r in node.results if r.check != ALLREDUCE_CHECK]
-        results += [r for r in bw.results if r.check == ALLREDUCE_CHECK]
+        results = [r for r in node.results if r.check not in GPU_LOAD_CHECKS]
+        results += [r for r in bw.results if r.check in GPU_LOAD_CHECKS]
         order = {name: i for i, name in enumerate(self.known_checks)}
         results.sort(key=lambda r: order.get(r.check, len(order)))
         return dataclasses.replace(node, results=tuple(results),
@@ -428,8 +433,9 @@ class Daemon:
     def run_once(self, kind: RunKind) -> Report:
         """One run of ``kind`` under the run lock; its Report replaces the cached one."""
         config = self.config
-        expected = ([ALLREDUCE_CHECK] if kind is RunKind.BANDWIDTH
-                    else [c for c in self.known_checks if c != ALLREDUCE_CHECK])
+        expected = ([c for c in self.known_checks if c in GPU_LOAD_CHECKS]
+                    if kind is RunKind.BANDWIDTH
+                    else [c for c in self.known_checks if c not in GPU_LOAD_CHECKS])
         with self._run_lock:
             self._beat()
             start = self._clock()

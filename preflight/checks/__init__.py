@@ -6,6 +6,7 @@ from preflight.checks import (
     allreduce,
     cuda_devices,
     fabric,
+    gpu_speed,
     gpu_visible,
     launcher_env,
     master_port,
@@ -32,4 +33,6 @@ CHECKS: tuple[Check, ...] = (
     Check(versions.NAME, versions.run, "environment fingerprint; equal to the golden one if given"),
     Check(allreduce.NAME, allreduce.run, "timed NCCL all-reduce: busbw, exact sum, no hang",
           timeout_s=allreduce.timeout_s),
+    Check(gpu_speed.NAME, gpu_speed.run, "per-GPU copy and matmul speed vs limits and peers",
+          timeout_s=gpu_speed.timeout_s),
 )

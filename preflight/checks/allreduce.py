@@ -44,7 +44,9 @@ def run(ctx: Context) -> Result:
     # The largest size decides the verdict; the full sweep is `preflight bench`'s.
     the_plan = plan(ctx, backend="nccl", engine=ctx.config.bench_engine, largest_only=True)
     floor = ctx.config.min_busbw_gbps
-    with activity("the all-reduce workers (preflight bench)"):
+    from preflight.gpuspeed import gpu_turn
+
+    with activity("the all-reduce workers (preflight bench)"), gpu_turn(ctx):
         result = run_bench(ctx, the_plan, min_busbw_gbps=floor,
                            floor_source="min_busbw_gbps / --min-busbw")
     # The whole run (rows, devices, NCCL summary) goes to Report.bandwidth (lifted by the runner).

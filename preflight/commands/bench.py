@@ -56,6 +56,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="what the workers run (default bench_engine, auto): nccl4py (NVIDIA's "
                         "NCCL bindings, no torch: the fast path) when the interpreter has it, "
                         "else torch; torch tests the training environment's own torch")
+    p.add_argument("--gpu", action="store_true",
+                   help="instead of the all-reduce: per-GPU device copy, pinned host<->device "
+                        "copies and bf16 matrix multiply against each GPU's limits and the node "
+                        "median (the gpu_speed check; GPUs in use are measured too, with a note; "
+                        "docs/gpu-speed.md)")
+    p.add_argument("--gpu-engine", choices=("auto", "cuda", "torch", "cpu"),
+                   help="with --gpu: worker engine (default gpu_speed_engine, auto: cuda-bindings"
+                        " + nvmath-python, else torch; cpu is a plumbing test)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--debug", action="store_true",
                    help="run the workers with NCCL_DEBUG=INFO, keep their output in a directory "
@@ -64,7 +72,23 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=run)
 
 
+def run_gpu(args: argparse.Namespace) -> int:
+    from preflight.gpuspeed import render_table, run_speed
+
+    ctx = build_context(args, {"gpu_speed_timeout_s": args.timeout, "python": args.python,
+                               "gpu_speed_engine": args.gpu_engine})
+    verdict = run_speed(ctx, include_busy=True)
+    if args.json:
+        json.dump(verdict.to_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render_table(verdict) + "\n")
+    return int(exit_code(verdict.status))
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.gpu:
+        return run_gpu(args)
     from preflight.bench import BenchUsageError, plan, run_bench
     from preflight.bench.verdict import render_table
 

@@ -35,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="GPUs this node must show (default: from the job's SLURM_JOB_GPUS or "
                         "LOCAL_WORLD_SIZE, else at least one); 0 = CPU-only node, GPU checks skip")
     p.add_argument("--no-bandwidth", action="store_true",
-                   help="skip the timed all-reduce (the allreduce check)")
+                   help="skip the tests that load the GPUs (allreduce, gpu_speed)")
     p.add_argument("--golden", metavar="FILE",
                    help="fingerprint JSON (preflight fingerprint --json) this node must match")
     p.add_argument("--python", metavar="PATH",
@@ -65,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
         "min_busbw_gbps": args.min_busbw, "check_timeout_s": args.check_timeout_s,
     })
     names = {c.name for c in CHECKS}
-    skip = [*args.skip, *(["allreduce"] if args.no_bandwidth and "allreduce" in names else [])]
+    # Both GPU load tests: the all-reduce and the per-GPU speed test.
+    skip = [*args.skip, *([n for n in ("allreduce", "gpu_speed") if n in names]
+                          if args.no_bandwidth else [])]
     try:
         checks = select(CHECKS, only=args.only, skip=skip)
     except SelectionError as exc:

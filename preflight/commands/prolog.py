@@ -59,7 +59,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--python", metavar="PATH", help="the training environment's interpreter")
     p.add_argument("--skip", default="", metavar="A,B", help="checks not to run")
     p.add_argument("--bandwidth", action="store_true",
-                   help="also run the timed all-reduce (slow; off by default in a prolog)")
+                   help="also run the tests that load the GPUs: the timed all-reduce and gpu_speed "
+                        "(seconds; off by default in a prolog)")
     p.add_argument("--fail-closed", action="store_true",
                    help="drain and exit 1 also when preflight could not decide or its config is "
                         "bad (default: log and let the job run)")
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
                                    "python": args.python})
         skip = [s for s in args.skip.split(",") if s]
         if not args.bandwidth:
-            skip.append("allreduce")
+            skip += ["allreduce", "gpu_speed"]  # the tests that load the GPUs
         checks = select(CHECKS, skip=skip)
     except (ConfigError, SelectionError) as exc:
         print(f"preflight prolog: configuration error: {exc}", file=sys.stderr)

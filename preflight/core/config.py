@@ -69,6 +69,14 @@ class Config:
     bench_timeout_s: float = 120.0
     #: Bandwidth test workers: auto (nccl4py if importable, else torch), torch or nccl4py.
     bench_engine: str = "auto"
+    #: gpu_speed: FAIL a GPU below this fraction of the node's median figure.
+    gpu_speed_slow_fraction: float = 0.8
+    #: gpu_speed: WARN a figure below this fraction of its hardware limit.
+    gpu_speed_warn_fraction: float = 0.5
+    #: gpu_speed: deadline of the whole run, seconds (phases have their own, docs/gpu-speed.md).
+    gpu_speed_timeout_s: float = 30.0
+    #: gpu_speed worker engine: auto (cuda, else torch), cuda, torch, cpu (plumbing test).
+    gpu_speed_engine: str = "auto"
     #: Treat the job as multi-node even when WORLD_SIZE does not say so.
     multi_node: bool = False
     #: On non-master nodes, try a TCP connect to MASTER_ADDR:MASTER_PORT.
@@ -168,6 +176,11 @@ def validate(config: Config, *, source: str) -> Config:
     need(config.bench_timeout_s > 0, "bench_timeout_s", "> 0")
     need(config.bench_engine in ("auto", "torch", "nccl4py"), "bench_engine",
          "one of auto, torch, nccl4py")
+    for key in ("gpu_speed_slow_fraction", "gpu_speed_warn_fraction"):
+        need(0 < getattr(config, key) <= 1, key, "in (0, 1]")
+    need(config.gpu_speed_timeout_s > 0, "gpu_speed_timeout_s", "> 0")
+    need(config.gpu_speed_engine in ("auto", "cuda", "torch", "cpu"), "gpu_speed_engine",
+         "auto, cuda, torch or cpu")
     need(config.interval_s > 0, "interval_s", "> 0")
     need(config.xid_since_s is None or config.xid_since_s > 0, "xid_since_s", "> 0")
     need(config.fabric_expected_rate_gbps is None or config.fabric_expected_rate_gbps > 0,
@@ -213,7 +226,8 @@ def load_file(path: str | Path, *, base: Config | None = None) -> Config:
 
 ENV_PREFIX = "PREFLIGHT_"
 #: Variables with our prefix that are not configuration keys.
-_ENV_NOT_CONFIG = frozenset({"PREFLIGHT_CONFIG", "PREFLIGHT_NVML_FIXTURE", "PREFLIGHT_LOG_LEVEL"})
+_ENV_NOT_CONFIG = frozenset({"PREFLIGHT_CONFIG", "PREFLIGHT_NVML_FIXTURE", "PREFLIGHT_LOG_LEVEL",
+                             "PREFLIGHT_GPU_SPEED_FIXTURE", "PREFLIGHT_GPUSPEED_TEST_STALL"})
 
 
 def from_env(env: Mapping[str, str], *, base: Config) -> Config:

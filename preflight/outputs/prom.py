@@ -31,6 +31,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from preflight import __version__
+from preflight.checks.gpu_speed import NAME as GPU_SPEED
 from preflight.checks.gpu_visible import NAME as GPU_VISIBLE
 from preflight.checks.memlock import NAME as MEMLOCK
 from preflight.checks.shm import NAME as SHM
@@ -145,6 +146,42 @@ def memlock_limit(result: Result | None) -> float:
     return math.inf if result.details["soft_bytes"] is None else soft if soft is not None else NAN
 
 
+def gpu_speed_metrics(result: Result | None) -> Iterator[Metric]:
+    """Per-GPU figures of the last gpu_speed run (``details["gpu_speed"]["gpus"]``); no series
+    for a GPU or kind not measured (a SKIP leaves the families empty)."""
+    ratio = GaugeMetricFamily(
+        "preflight_gpu_speed_ratio", "Each GPU's figure of the last gpu_speed run divided by the "
+        "node's median of it (1 = as fast as its peers; FAIL below gpu_speed_slow_fraction).",
+        labels=["gpu", "kind"])
+    limit = GaugeMetricFamily(
+        "preflight_gpu_speed_limit_ratio", "Each GPU's figure divided by its hardware limit "
+        "(NVML-derived or the model table; docs/gpu-speed.md).", labels=["gpu", "kind"])
+    copy = GaugeMetricFamily(
+        "preflight_gpu_copy_bandwidth_bytes_per_second", "Last measured copy bandwidth per GPU: "
+        "d2d (read + write), h2d and d2h from pinned host memory.", labels=["gpu", "kind"])
+    flops = GaugeMetricFamily(
+        "preflight_gpu_matmul_flops_per_second", "Last measured dense bf16 matrix-multiply "
+        "throughput per GPU.", labels=["gpu", "kind"])
+    data = result.details.get("gpu_speed") if result is not None else None
+    for gpu in data.get("gpus", ()) if isinstance(data, Mapping) else ():
+        for kind, fig in dict(gpu.get("figures", {})).items():
+            label = [str(gpu.get("index")), str(kind)]
+            for family, key in ((ratio, "median_ratio"), (limit, "limit_fraction")):
+                value = _number(fig.get(key))
+                if value is not None:
+                    family.add_metric(label, value)
+            value = _number(fig.get("value"))
+            if value is not None:
+                if kind == "gemm":
+                    flops.add_metric(label, value * 1e12)
+                else:
+                    copy.add_metric(label, value * 1e9)
+    yield ratio
+    yield limit
+    yield copy
+    yield flops
+
+
 class ReportCollector(Collector):
     """A custom collector: ``collect()`` yields metric families from ``source()``'s snapshot."""
 
@@ -200,6 +237,8 @@ class ReportCollector(Collector):
             "preflight_allreduce_link_efficiency_ratio",
             "Last all-reduce busbw divided by the theoretical link bandwidth read from NVML; "
             "NaN until measured.", value=efficiency)
+
+        yield from gpu_speed_metrics(results.get(GPU_SPEED))
 
         shm = results.get(SHM)
         yield GaugeMetricFamily("preflight_shm_size_bytes", "Size of /dev/shm; NaN if unknown.",

@@ -33,6 +33,25 @@ class NvLink:
 
 
 @dataclass(frozen=True)
+class GpuClocks:
+    """Clocks, power and why the GPU runs slow now, for the gpu_speed check's limits and reasons.
+
+    ``clock_reasons`` are all active NVML clock-event reasons (``GpuIdle`` and
+    ``ApplicationsClocksSetting`` included), not only the slowdowns of ``Gpu.throttle_reasons``.
+    """
+
+    sm_clock_mhz: int | None = None
+    max_sm_clock_mhz: int | None = None
+    max_mem_clock_mhz: int | None = None
+    mem_bus_width_bits: int | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    default_power_limit_w: float | None = None
+    temperature_c: int | None = None
+    clock_reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class MigInstance:
     uuid: str
     gpu_instance: int | None = None
@@ -66,6 +85,7 @@ class Gpu:
     compute_pids: tuple[int, ...] = ()
     #: "DEFAULT", "EXCLUSIVE_PROCESS", "PROHIBITED" (nvidia-smi -c), "EXCLUSIVE_THREAD" (old).
     compute_mode: str | None = None
+    clocks: GpuClocks | None = None
 
     @property
     def active_nvlinks(self) -> int:
@@ -105,6 +125,7 @@ class GpuSnapshot:
             pcie = g.pop("pcie", None)
             nvlinks = g.pop("nvlinks", ())
             mig = g.pop("mig_instances", ())
+            clocks = g.pop("clocks", None)
             gpus.append(
                 Gpu(
                     **{k: v for k, v in g.items() if k not in ("throttle_reasons", "compute_pids")},
@@ -113,6 +134,8 @@ class GpuSnapshot:
                     pcie=PcieLink(**pcie) if pcie else None,
                     nvlinks=tuple(NvLink(**link) for link in nvlinks),
                     mig_instances=tuple(MigInstance(**m) for m in mig),
+                    clocks=GpuClocks(**{**clocks, "clock_reasons": tuple(
+                        clocks.get("clock_reasons", ()))}) if clocks else None,
                 )
             )
         return cls(

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from preflight.probes.gpu import Gpu, GpuSnapshot, MigInstance, NvLink, PcieLink
+from preflight.probes.gpu import Gpu, GpuClocks, GpuSnapshot, MigInstance, NvLink, PcieLink
 from preflight.probes.pci import normalize_bus_id
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,12 @@ def nvlink_link_bytes_per_second(version: int | None,
     return nominal, f"NVLink {name} nominal {nominal / 1e9:g} GB/s"
 
 
+#: Every NVML clock-event reason bit by name (nvml.h nvmlClocksEventReason*), for gpu_speed's why.
+_CLOCK_REASON_BITS = {
+    0x1: "GpuIdle", 0x2: "ApplicationsClocksSetting", 0x4: "SwPowerCap", 0x8: "HwSlowdown",
+    0x10: "SyncBoost", 0x20: "SwThermalSlowdown", 0x40: "HwThermalSlowdown",
+    0x80: "HwPowerBrakeSlowdown", 0x100: "DisplayClockSetting",
+}
 _NVLINK_MAX_LINKS = 18
 #: nvmlComputeMode_t values (nvml.h) by name.
 _COMPUTE_MODES = {0: "DEFAULT", 1: "EXCLUSIVE_THREAD", 2: "PROHIBITED", 3: "EXCLUSIVE_PROCESS"}
@@ -186,6 +192,26 @@ class NvmlGpuProbe:
             mig_instances=self._mig(nv, opt, handle) if mig_enabled else (),
             compute_pids=tuple(int(p.pid) for p in procs),
             compute_mode=_COMPUTE_MODES.get(int(mode), str(mode)) if mode is not None else None,
+            clocks=self._clocks(nv, opt, handle, reasons, temperature),
+        )
+
+    @staticmethod
+    def _clocks(nv: Any, opt: Callable[..., Any], handle: Any, reasons: int,
+                temperature: int | None) -> GpuClocks:
+        def mw(value: Any) -> float | None:
+            return float(value) / 1000 if value is not None else None
+
+        bus = getattr(nv, "nvmlDeviceGetMemoryBusWidth", None)
+        return GpuClocks(
+            sm_clock_mhz=opt(nv.nvmlDeviceGetClockInfo, handle, nv.NVML_CLOCK_SM),
+            max_sm_clock_mhz=opt(nv.nvmlDeviceGetMaxClockInfo, handle, nv.NVML_CLOCK_SM),
+            max_mem_clock_mhz=opt(nv.nvmlDeviceGetMaxClockInfo, handle, nv.NVML_CLOCK_MEM),
+            mem_bus_width_bits=opt(bus, handle) if bus is not None else None,
+            power_w=mw(opt(nv.nvmlDeviceGetPowerUsage, handle)),
+            power_limit_w=mw(opt(nv.nvmlDeviceGetEnforcedPowerLimit, handle)),
+            default_power_limit_w=mw(opt(nv.nvmlDeviceGetPowerManagementDefaultLimit, handle)),
+            temperature_c=int(temperature) if temperature is not None else None,
+            clock_reasons=tuple(n for bit, n in _CLOCK_REASON_BITS.items() if reasons & bit),
         )
 
     @staticmethod

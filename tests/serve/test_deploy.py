@@ -38,6 +38,9 @@ def exported_names() -> set[str]:
         Result("fabric", Status.PASS, "FabricOk", "ok", details={"ports": [
             {"port": "mlx5_0:1", "state": "ACTIVE", "phys_state": "LinkUp", "rate_gbps": 400.0,
              "expected_rate_gbps": 400.0, "link_layer": "InfiniBand"}]}),
+        Result("gpu_speed", Status.PASS, "GpuSpeedOk", "ok", details={"gpu_speed": {"gpus": [
+            {"index": 0, "figures": {k: {"value": 1.0, "median_ratio": 1.0, "limit_fraction": 0.5}
+                                     for k in ("d2d", "gemm")}}]}}),
     ), fingerprint={"sha256": "ab" * 32, "packages": {"torch": "2.13.0"}})
     text = render(MetricsSnapshot(report, ("shm",), DaemonStats())).decode()
     return {re.split(r"[{ ]", line)[0] for line in text.splitlines()

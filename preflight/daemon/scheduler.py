@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from preflight.config import Config, ConfigError
+from preflight.config import Config, ConfigError, cut
 from preflight.daemon.child import (
     CHILD_GRACE_S,
     ChildRunner,
@@ -108,6 +108,7 @@ class Daemon:
         self._rendered: tuple[int, bytes] = (-1, b"")
         self._tick = clock()
         self._busy_until: float | None = None
+        self._gpu_query: threading.Thread | None = None
         self._threads: list[threading.Thread] = []
         self._server: Server | None = None
         #: (kind, start, end) of every run, in monotonic seconds; tests assert no overlap.
@@ -223,16 +224,40 @@ class Daemon:
         return report
 
     def _gpus_busy(self) -> str | None:
-        try:
-            if self._gpus is not None:
-                snap = self._gpus()
-            else:
-                from preflight.context import make_context
+        """Why the bandwidth test must wait, or None. NVML runs in this process, so the query
+        runs on its own thread with a deadline (``check_timeout_s``): a driver call that never
+        returns costs one stuck thread and a deferred test, never the scheduler loop. While a
+        stuck query has not returned, no second one is started."""
+        with self._lock:
+            stuck = self._gpu_query
+        if stuck is not None and stuck.is_alive():
+            return ("the previous NVML query for GPU use has not returned yet (a hung driver "
+                    "call; see dmesg for Xid errors)")
+        answer: list[str | None] = []
 
-                snap = make_context(self.config, env=self._env, root=self.root).gpus()
-        except Exception as exc:
-            return f"cannot read GPU use from NVML: {type(exc).__name__}: {exc}"
-        return _busy_gpus(snap)
+        def query() -> None:
+            try:
+                if self._gpus is not None:
+                    snap = self._gpus()
+                else:
+                    from preflight.context import make_context
+
+                    snap = make_context(self.config, env=self._env, root=self.root).gpus()
+                answer.append(_busy_gpus(snap))
+            except Exception as exc:
+                answer.append(f"cannot read GPU use from NVML: {type(exc).__name__}: {exc}")
+
+        thread = threading.Thread(target=query, name="gpu-busy", daemon=True)
+        with self._lock:
+            self._gpu_query = thread
+        thread.start()
+        timeout_s = self.config.check_timeout_s
+        thread.join(timeout_s)
+        if thread.is_alive():
+            log.error("the NVML query for GPU use did not answer within %g s; the bandwidth test "
+                      "waits until it does", timeout_s)
+            return f"NVML did not answer the GPU-use query within {timeout_s:g} s"
+        return answer[0] if answer else "the NVML query for GPU use returned nothing"
 
     def _loop(self) -> None:
         last_node: float | None = None
@@ -326,6 +351,11 @@ class Daemon:
             new = self._load_config()
         except (ConfigError, OSError) as exc:
             log.error("config reload failed, keeping the previous config: %s", exc)
+            ok = False
+        except Exception as exc:  # any mistake in a new file must not end the daemon
+            log.error("config reload failed, keeping the previous config: %s: %s",
+                      type(exc).__name__, cut(str(exc)))
+            log.debug("reload traceback", exc_info=True)
             ok = False
         else:
             if new.listen != self.config.listen:

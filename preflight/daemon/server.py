@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import threading
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -69,7 +70,34 @@ class Server(ThreadingHTTPServer):
     # socketserver's default backlog of 5 makes the 6th simultaneous connection wait for a SYN
     # retransmit (1 s, then 3 s): a fleet of Prometheus replicas or a burst of clients must not.
     request_queue_size = 128
+    #: Connections served at once; one more is closed as soon as it is accepted. Each costs a
+    #: thread and a file descriptor: without a cap, a client holding 1,100 idle connections took
+    #: every descriptor systemd allows (LimitNOFILE=1024) and the next check run could not open
+    #: its pipes (RunFailed: a healthy node shown unhealthy).
+    max_connections = 64
     preflight: Served
+
+    def server_activate(self) -> None:
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        super().server_activate()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            log.warning("more than %d HTTP connections at once; closing the one from %s",
+                        self.max_connections, client_address[0] if client_address else "?")
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 def make_server(host: str, port: int, daemon: Served) -> Server:

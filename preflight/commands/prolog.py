@@ -7,9 +7,11 @@ careful about what it lets through (ecosystem.md section 1):
   reason="preflight: <check> <Reason>, ..."``, then exit 1. The custom reason survives Slurm's own
   "Prolog error" drain, so ``sinfo -R`` says what is wrong.
 - WARN: exit 0 (warnings never drain a node).
-- could not decide (a check ERRORED or timed out) or a configuration error: logged to stderr (the
-  slurmd log), exit 0, so a preflight bug or a typo in the config does not drain the whole
-  cluster; ``--fail-closed`` drains and exits 1 instead.
+- could not decide (a check ERRORED or timed out), a configuration error (a config that is not
+  UTF-8, an out-of-range value, a ``--root`` that is not a directory) or any internal error of
+  preflight: logged to stderr (the slurmd log) as one line, exit 0, so a preflight bug or a typo
+  in the config does not drain the whole cluster; ``--fail-closed`` drains and exits 1 instead.
+  The traceback of an internal error shows only at ``--log-level debug``.
 
 The bandwidth test is off unless ``--bandwidth``: a prolog should take seconds (MessageTimeout,
 10 s by default); run the all-reduce from the daemon or a timer. Slurm sets no PATH for the
@@ -19,10 +21,10 @@ prolog: ``--scontrol`` defaults to the first of /usr/bin/scontrol, /usr/local/bi
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,7 +32,11 @@ from preflight.checks import CHECKS
 from preflight.cli import Formatter, add_config_options, build_context
 from preflight.config import ConfigError
 from preflight.model import Report, Status
+from preflight.procgroup import GroupTimeout, run_in_group
 from preflight.runner import SelectionError, run_checks, select
+from preflight.textsafe import escape
+
+log = logging.getLogger(__name__)
 
 #: Slurm keeps reasons short in `sinfo -R`; longer ones are cut here, not by Slurm.
 MAX_REASON_CHARS = 200
@@ -74,25 +80,52 @@ def drain_reason(report: Report, *, undecided: bool = False) -> str:
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
 
 
-def drain(scontrol: str, node: str, reason: str) -> bool:
-    """Drain ``node`` with ``reason``; False (and a log line) when scontrol fails."""
-    argv = [scontrol, "update", f"nodename={node}", "state=drain", f"reason={reason}"]
+def drain(scontrol: str, node: str, reason: str, *,
+          timeout_s: float = SCONTROL_TIMEOUT_S) -> bool:
+    """Drain ``node`` with ``reason``; False (and a log line) when scontrol fails.
+
+    scontrol runs in its own process group; when it does not answer within ``timeout_s`` (a
+    slurmctld that does not answer, a wrapper script that hangs) the whole group is killed, so
+    nothing it started outlives the prolog.
+    """
+    argv = [scontrol, "update", f"nodename={node}", "state=drain", f"reason={escape(reason)}"]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        print(f"preflight prolog: could not drain {node}: {exc}", file=sys.stderr)
+        proc = run_in_group(argv, timeout_s=timeout_s)
+    except GroupTimeout as exc:
+        _say(f"could not drain {node}: {exc}. Drain by hand: scontrol update nodename={node} "
+             "state=drain reason=preflight")
+        return False
+    except OSError as exc:
+        _say(f"could not drain {node}: cannot run {scontrol}: {exc.strerror or exc}")
         return False
     if proc.returncode != 0:
-        print(f"preflight prolog: scontrol exit {proc.returncode}: {proc.stderr.strip()}",
-              file=sys.stderr)
+        _say(f"scontrol exit {proc.returncode}: {proc.stderr.decode(errors='replace').strip()}")
         return False
     return True
+
+
+def _say(line: str) -> None:
+    """One line to stderr (the slurmd log), control characters escaped: a value from the job's
+    environment cannot forge a second log line or drive a terminal."""
+    print(f"preflight prolog: {escape(line, 2000)}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     scontrol = args.scontrol or _default_scontrol()
+    try:
+        return _judge(args, node, scontrol)
+    except Exception as exc:  # preflight's own trouble never drains a node (unless asked)
+        log.debug("traceback of the prolog's internal error", exc_info=True)
+        _say(f"internal error, so the node is undecided: {type(exc).__name__}: {exc} (run "
+             "`preflight prolog --log-level debug` by hand for the traceback and report it)")
+        if args.fail_closed:
+            drain(scontrol, node, "preflight: internal error")
+            return 1
+        return 0
+
+
+def _judge(args: argparse.Namespace, node: str, scontrol: str) -> int:
     try:
         ctx = build_context(args, {"expect_gpus": args.expect_gpus, "golden": args.golden,
                                    "python": args.python})
@@ -101,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
             skip.append("allreduce")
         checks = select(CHECKS, skip=skip)
     except (ConfigError, SelectionError) as exc:
-        print(f"preflight prolog: configuration error: {exc}", file=sys.stderr)
+        _say(f"configuration error: {exc}")
         if args.fail_closed:
             drain(scontrol, node, "preflight: configuration error")
             return 1
@@ -110,8 +143,7 @@ def run(args: argparse.Namespace) -> int:
     for r in report.results:
         if r.status >= Status.WARN:
             fix = f" fix: {r.remedy}" if r.remedy else ""
-            print(f"preflight prolog: {r.status.name} {r.check} {r.reason}: {r.message}{fix}",
-                  file=sys.stderr)
+            _say(f"{r.status.name} {r.check} {r.reason}: {r.message}{fix}")
     if report.status is Status.FAIL:
         drain(scontrol, node, drain_reason(report))
         return 1

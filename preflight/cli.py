@@ -134,7 +134,11 @@ def report_exit(report: Report, *, strict: bool) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return _prolog_usage_fail_open(argv, exc)
     if sys.stdout is None:  # started with stdout closed (>&-): fail on the first write, once
         sys.stdout = _ClosedStdout()
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -162,6 +166,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(ExitCode.UNDECIDED)
     except Exception as exc:  # the command boundary: a preflight bug is "undecided", not a FAIL
         return _undecided(exc)
+
+
+def _prolog_usage_fail_open(argv: Sequence[str], exc: SystemExit) -> int:
+    """A usage error in the prolog's own command line (slurm.conf) would drain every node: Slurm
+    drains on any non-zero prolog exit. Like a config error, it lets the job run, unless
+    ``--fail-closed`` is among the arguments. Other commands keep argparse's exit (2; 0 for
+    --help)."""
+    code = exc.code if isinstance(exc.code, int) else 2
+    commands = {"check", "bench", "fingerprint", "diff", "serve", "explain", "prolog"}
+    command = next((a for a in argv if a in commands), None)
+    if code == 0 or command != "prolog":
+        raise exc
+    if "--fail-closed" in argv:
+        return int(ExitCode.FAILED)
+    print("preflight prolog: usage error in the prolog's command line (above); letting the job "
+          "run (--fail-closed would drain the node)", file=sys.stderr)
+    return int(ExitCode.OK)
 
 
 def _undecided(exc: BaseException) -> int:

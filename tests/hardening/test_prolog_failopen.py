@@ -133,3 +133,16 @@ def test_a_hanging_scontrol_is_killed_with_its_process_group(tmp_path: Path) -> 
             if marker.encode() in cmd:
                 left.append(pid)
     assert left == []
+
+
+def test_a_usage_error_in_the_prolog_line_does_not_drain(tmp_path: Path,
+                                                         scontrol: tuple[Path, Path]) -> None:
+    """slurm.conf's Prolog line with a typo (found by the fuzzer): argparse's exit 2 would make
+    Slurm drain every node; it lets the job run like a config error, or fails with
+    --fail-closed."""
+    fake, calls = scontrol
+    rc, err = _prolog(tmp_path, fake, "--expect-gpus", "inf")
+    assert rc == 0 and not calls.exists()
+    assert "invalid int value: 'inf'" in err and "letting the job run" in err
+    rc, _ = _prolog(tmp_path, fake, "--expect-gpus", "inf", "--fail-closed")
+    assert rc == 1

@@ -10,6 +10,7 @@ import json
 import logging
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -77,14 +78,25 @@ class Server(ThreadingHTTPServer):
     max_connections = 64
     preflight: Served
 
+    #: Seconds between two warnings about closed connections (a flood must not flood the log).
+    refused_log_every_s = 60.0
+
     def server_activate(self) -> None:
         self._slots = threading.BoundedSemaphore(self.max_connections)
+        self._refused = 0
+        self._refused_logged_at = -self.refused_log_every_s
         super().server_activate()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
-            log.warning("more than %d HTTP connections at once; closing the one from %s",
-                        self.max_connections, client_address[0] if client_address else "?")
+            self._refused += 1
+            now = time.monotonic()
+            if now - self._refused_logged_at >= self.refused_log_every_s:
+                log.warning("more than %d HTTP connections at once: closed %d connection(s) "
+                            "(the last from %s) since the previous warning",
+                            self.max_connections, self._refused,
+                            client_address[0] if client_address else "?")
+                self._refused, self._refused_logged_at = 0, now
             self.shutdown_request(request)
             return
         try:

@@ -36,7 +36,7 @@ RUN_DEADLINE_S = 45.0
 #: Peak RSS any one child may reach (a check run takes ~60 MB; the alias bomb took 1 GB).
 MAX_RSS_BYTES = 400 << 20
 #: Exit codes each command documents (its --help epilog).
-EXITS = {"check": {0, 1, 2, 3}, "prolog": {0, 1}, "fingerprint": {0, 2, 3},
+EXITS = {"check": {0, 1, 2, 3}, "prolog": {0, 1}, "fingerprint": {0, 1, 2, 3},
          "diff": {0, 1, 2}, "explain": {0, 1, 2}, "bench": {0, 1, 2, 3}, "serve": {0, 2}}
 
 FIXTURE_DIR = Path(os.environ.get("TMPDIR", "/tmp")) / f"preflight-fuzz-{os.getpid()}"

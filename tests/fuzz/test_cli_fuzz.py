@@ -3,8 +3,9 @@ values for every ``PREFLIGHT_*`` variable, runs ``python -m preflight`` in a sub
 asserts what a user relies on: no traceback, an exit code from the documented set, an answer
 within a deadline, and bounded memory (the children's peak RSS).
 
-Profiles (``PREFLIGHT_FUZZ_PROFILE``): ``ci`` (default) keeps the whole file near a minute on 2
-cores; ``thorough`` draws ten times more. Figures of a thorough run: docs/fuzzing.md.
+Profiles (``PREFLIGHT_FUZZ_PROFILE``): ``ci`` (default) keeps the whole file well under a minute
+on 2 cores; ``thorough`` draws ten times more, ``long`` fifty (run them with ``-o timeout=0``:
+one test takes longer than pytest-timeout's per-test limit). Figures: docs/fuzzing.md.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from tests import topologies
 from tests.helpers import REPO
 
 PROFILE = os.environ.get("PREFLIGHT_FUZZ_PROFILE", "ci")
-SCALE = {"ci": 1, "thorough": 10}[PROFILE]
+SCALE = {"ci": 1, "thorough": 10, "long": 50}[PROFILE]
 #: A run that takes longer than this is a hang for the fuzzer (checks have 10 s deadlines).
 RUN_DEADLINE_S = 45.0
 #: Peak RSS any one child may reach (a check run takes ~60 MB; the alias bomb took 1 GB).
@@ -169,6 +170,8 @@ def test_every_subcommand_keeps_its_contract(command: str, args: st.DataObject,
         argv += ["--scontrol", str(_fixtures()[1])]  # never the real scontrol
     if command == "bench":
         argv += ["--python", "/nonexistent/python"]  # argument handling only: no torch workers
+    if command == "check":
+        argv += ["--no-bandwidth"]  # the all-reduce starts torch workers: seconds per example
     _run(command, argv, env)
 
 

@@ -98,9 +98,8 @@ _MAX_SHOWN_CHARS = 80
 
 def shown(value: Any) -> str:
     """``repr(value)`` cut to a length a one-line message can carry (a value may be huge)."""
-    if isinstance(value, (list, tuple, dict)):
-        text = f"a {type(value).__name__} of {len(value)} items"
-        return text
+    if isinstance(value, (list, tuple, dict)) and len(value) > 20:
+        return f"a {type(value).__name__} of {len(value)} items"
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
         return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
     text = repr(value)

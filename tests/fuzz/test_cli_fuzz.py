@@ -14,12 +14,13 @@ import contextlib
 import json
 import os
 import resource
+import shutil
 import signal
 import stat
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,13 @@ _env = st.dictionaries(st.sampled_from([*(f"PREFLIGHT_{k}" for k in CONFIG_KEYS)
 
 
 # ---------------------------------------------------------------------------------- running
+
+@pytest.fixture(autouse=True, scope="module")
+def _remove_fixture_dir() -> Iterator[None]:
+    """The fixtures (NVML snapshot, recording scontrol, drawn files) go when the module ends."""
+    yield
+    shutil.rmtree(FIXTURE_DIR, ignore_errors=True)
+
 
 def _fixtures() -> tuple[Path, Path]:
     FIXTURE_DIR.mkdir(exist_ok=True)

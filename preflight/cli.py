@@ -7,18 +7,21 @@ Exit codes of every one-shot command: 0 nothing worse than WARN (``--strict``: W
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import io
 import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from preflight import __version__
 from preflight.core.config import Config, ConfigError, load
 from preflight.core.context import Context, make_context
 from preflight.core.result import ExitCode, Report, exit_code
+from preflight.core.textsafe import escape
 
 log = logging.getLogger("preflight")
 
@@ -64,9 +67,32 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
                         "/host passes --root /host); /dev/shm, /sys, /proc are read under it")
 
 
+def check_root(root: str) -> str:
+    """``--root`` as given, or ConfigError when it is not a directory (a typo there made every
+    path under it missing: /dev/shm "missing" drained the node)."""
+    if not os.path.isdir(root):
+        raise ConfigError(f"--root {root!r} is not a directory (where the host filesystem is "
+                          "mounted, e.g. --root /host)")
+    return root
+
+
 def build_context(args: argparse.Namespace, overrides: dict[str, Any]) -> Context:
     config = load(path=args.config, env=os.environ, overrides=overrides)
-    return make_context(config, root=args.root)
+    return make_context(config, root=check_root(args.root))
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _env_log_level(env: Mapping[str, str]) -> str:
+    """``$PREFLIGHT_LOG_LEVEL`` when it names a level, else ``warning`` with a note on stderr (a
+    typo in a logging variable must not stop a prolog)."""
+    value = env.get("PREFLIGHT_LOG_LEVEL", "warning").strip().lower()
+    if value in LOG_LEVELS:
+        return value
+    sys.stderr.write(f"preflight: PREFLIGHT_LOG_LEVEL={escape(value, 40)} is not one of "
+                     f"{', '.join(LOG_LEVELS)}; using warning\n")
+    return "warning"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,8 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "library versions, and a timed NCCL all-reduce.",
         epilog=EPILOG, formatter_class=Formatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("--log-level", default=os.environ.get("PREFLIGHT_LOG_LEVEL", "warning"),
-                        choices=("debug", "info", "warning", "error"),
+    parser.add_argument("--log-level", default=_env_log_level(os.environ),
+                        choices=LOG_LEVELS,
                         help="verbosity of the log on stderr ($PREFLIGHT_LOG_LEVEL)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in SUBCOMMAND_MODULES:
@@ -86,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     for command in sub.choices.values():
         # Also accepted after the subcommand (`preflight check --log-level debug`).
         command.add_argument("--log-level", default=argparse.SUPPRESS,
-                             choices=("debug", "info", "warning", "error"),
+                             choices=LOG_LEVELS,
                              help="verbosity of the log on stderr (default: warning)")
     return parser
 
@@ -108,11 +134,19 @@ def report_exit(report: Report, *, strict: bool) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return _prolog_usage_fail_open(argv, exc)
+    if sys.stdout is None:  # started with stdout closed (>&-): fail on the first write, once
+        sys.stdout = _ClosedStdout()
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="preflight: %(levelname)s %(name)s: %(message)s")
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()
+        return code
     except ConfigError as exc:
         print(f"preflight: configuration error: {exc}", file=sys.stderr)
         return int(ExitCode.USAGE)
@@ -120,8 +154,62 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         # `preflight check | head` is not an error of the node.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _silence_stdout()
         return int(ExitCode.OK)
+    except OSError as exc:
+        if not _is_stdout_error(exc):
+            return _undecided(exc)
+        # stdout closed (>&-) or full (>/dev/full): say so once, without a traceback.
+        _silence_stdout()
+        print(f"preflight: cannot write the result to standard output: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return int(ExitCode.UNDECIDED)
+    except Exception as exc:  # the command boundary: a preflight bug is "undecided", not a FAIL
+        return _undecided(exc)
+
+
+def _prolog_usage_fail_open(argv: Sequence[str], exc: SystemExit) -> int:
+    """A usage error in the prolog's own command line (slurm.conf) would drain every node: Slurm
+    drains on any non-zero prolog exit. Like a config error, it lets the job run, unless
+    ``--fail-closed`` is among the arguments. Other commands keep argparse's exit (2; 0 for
+    --help)."""
+    code = exc.code if isinstance(exc.code, int) else 2
+    commands = {"check", "bench", "fingerprint", "diff", "serve", "explain", "prolog"}
+    command = next((a for a in argv if a in commands), None)
+    if code == 0 or command != "prolog":
+        raise exc
+    if "--fail-closed" in argv:
+        return int(ExitCode.FAILED)
+    print("preflight prolog: usage error in the prolog's command line (above); letting the job "
+          "run (--fail-closed would drain the node)", file=sys.stderr)
+    return int(ExitCode.OK)
+
+
+def _undecided(exc: BaseException) -> int:
+    log.debug("traceback of the internal error", exc_info=exc)
+    print(f"preflight: internal error, so the node is undecided: {type(exc).__name__}: "
+          f"{escape(str(exc), 300)} (run with --log-level debug for the traceback and report it)",
+          file=sys.stderr)
+    return int(ExitCode.UNDECIDED)
+
+
+class _ClosedStdout(io.TextIOBase):
+    def write(self, _text: str) -> int:
+        raise OSError(errno.EBADF, "standard output is closed")
+
+
+def _is_stdout_error(exc: OSError) -> bool:
+    return exc.errno in (errno.EBADF, errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EDQUOT)
+
+
+def _silence_stdout() -> None:
+    """Point fd 1 at /dev/null so the interpreter's final flush cannot fail again."""
+    import contextlib
+
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until exit
 
 
 __all__ = ["Config", "add_config_options", "build_context", "emit_report", "main",

@@ -11,16 +11,38 @@ import json
 import sys
 
 from preflight.cli import Formatter, add_config_options, build_context
+from preflight.core.config import RANGES
 from preflight.core.result import ExitCode, exit_code
+
+#: Most ranks one bench may start: more than any node's GPUs (NVL72 trays hold 4; HGX boards 8,
+#: 16 at most), and a bound on the processes a typo (``--nproc 100000``) can start.
+MAX_NPROC = 64
+#: Largest all-reduce size, the config's own bound (bench_max_bytes).
+MAX_SIZE_BYTES = RANGES["bench_max_bytes"][1]
 
 
 def _size(text: str) -> int:
     from preflight.bench.method import parse_size
 
     try:
-        return parse_size(text)
+        size = parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if not 4 <= size <= MAX_SIZE_BYTES:
+        raise argparse.ArgumentTypeError(f"{text!r} is {size} bytes; expected 4 bytes .. "
+                                         f"{int(MAX_SIZE_BYTES) >> 30}G")
+    return size
+
+
+def _nproc(text: str) -> int:
+    try:
+        n = int(text, 10) if len(text) <= 20 else -1
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of ranks") from None
+    if not 1 <= n <= MAX_NPROC:
+        raise argparse.ArgumentTypeError(f"{text!r} ranks: expected 1..{MAX_NPROC} (one rank per "
+                                         "GPU; with gloo, a few CPU ranks suffice)")
+    return n
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--backend", choices=("nccl", "gloo"),
                    help="nccl on GPUs (default when NVML works: with fewer than 2 GPUs visible the "
                         "test SKIPs), gloo on CPU (default without NVML)")
-    p.add_argument("--nproc", type=int, metavar="N",
+    p.add_argument("--nproc", type=_nproc, metavar="N",
                    help="ranks (default: one per visible GPU with nccl, 2 with gloo)")
     p.add_argument("--min-bytes", type=_size, metavar="B",
                    help="smallest size, bytes or 1024-based K/M/G (default bench_min_bytes, 1M)")

@@ -10,9 +10,11 @@ careful about what it lets through (Slurm docs, slurm.conf: Prolog, HealthCheckP
   entry, RANK >= WORLD_SIZE, a MASTER_PORT in use, ...): reported on stderr, exit 0; a job's mistake
   never drains a node.
 - WARN: exit 0 (warnings never drain a node).
-- could not decide (a check ERRORED or timed out) or a configuration error: logged to stderr (the
-  slurmd log), exit 0, so a preflight bug or a typo in the config does not drain the whole
-  cluster; ``--fail-closed`` drains and exits 1 instead.
+- could not decide (a check ERRORED or timed out), a configuration error (a config that is not
+  UTF-8, an out-of-range value, a ``--root`` that is not a directory) or any internal error of
+  preflight: logged to stderr (the slurmd log) as one line, exit 0, so a preflight bug or a typo
+  in the config does not drain the whole cluster; ``--fail-closed`` drains and exits 1 instead.
+  The traceback of an internal error shows only at ``--log-level debug``.
 
 The bandwidth test is off unless ``--bandwidth``: a prolog should take seconds (MessageTimeout,
 10 s by default); run the all-reduce from the daemon or a timer. Slurm sets no PATH for the
@@ -22,18 +24,22 @@ prolog: ``--scontrol`` defaults to the first of /usr/bin/scontrol, /usr/local/bi
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
 from preflight.checks import CHECKS
 from preflight.cli import Formatter, add_config_options, build_context
 from preflight.core.config import ConfigError
+from preflight.core.procgroup import GroupTimeout, run_in_group
 from preflight.core.result import Report, Scope, Status
 from preflight.core.runner import SelectionError, run_checks, select
+from preflight.core.textsafe import escape
+
+log = logging.getLogger(__name__)
 
 #: Slurm keeps reasons short in `sinfo -R`; longer ones are cut here, not by Slurm.
 MAX_REASON_CHARS = 200
@@ -80,25 +86,52 @@ def drain_reason(report: Report, *, undecided: bool = False) -> str:
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
 
 
-def drain(scontrol: str, node: str, reason: str) -> bool:
-    """Drain ``node`` with ``reason``; False (and a log line) when scontrol fails."""
-    argv = [scontrol, "update", f"nodename={node}", "state=drain", f"reason={reason}"]
+def drain(scontrol: str, node: str, reason: str, *,
+          timeout_s: float = SCONTROL_TIMEOUT_S) -> bool:
+    """Drain ``node`` with ``reason``; False (and a log line) when scontrol fails.
+
+    scontrol runs in its own process group; when it does not answer within ``timeout_s`` (a
+    slurmctld that does not answer, a wrapper script that hangs) the whole group is killed, so
+    nothing it started outlives the prolog.
+    """
+    argv = [scontrol, "update", f"nodename={node}", "state=drain", f"reason={escape(reason)}"]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        print(f"preflight prolog: could not drain {node}: {exc}", file=sys.stderr)
+        proc = run_in_group(argv, timeout_s=timeout_s)
+    except GroupTimeout as exc:
+        _say(f"could not drain {node}: {exc}. Drain by hand: scontrol update nodename={node} "
+             "state=drain reason=preflight")
+        return False
+    except OSError as exc:
+        _say(f"could not drain {node}: cannot run {scontrol}: {exc.strerror or exc}")
         return False
     if proc.returncode != 0:
-        print(f"preflight prolog: scontrol exit {proc.returncode}: {proc.stderr.strip()}",
-              file=sys.stderr)
+        _say(f"scontrol exit {proc.returncode}: {proc.stderr.decode(errors='replace').strip()}")
         return False
     return True
+
+
+def _say(line: str) -> None:
+    """One line to stderr (the slurmd log), control characters escaped: a value from the job's
+    environment cannot forge a second log line or drive a terminal."""
+    print(f"preflight prolog: {escape(line, 2000)}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     scontrol = args.scontrol or _default_scontrol()
+    try:
+        return _judge(args, node, scontrol)
+    except Exception as exc:  # preflight's own trouble never drains a node (unless asked)
+        log.debug("traceback of the prolog's internal error", exc_info=True)
+        _say(f"internal error, so the node is undecided: {type(exc).__name__}: {exc} (run "
+             "`preflight prolog --log-level debug` by hand for the traceback and report it)")
+        if args.fail_closed:
+            drain(scontrol, node, "preflight: internal error")
+            return 1
+        return 0
+
+
+def _judge(args: argparse.Namespace, node: str, scontrol: str) -> int:
     try:
         ctx = build_context(args, {"expect_gpus": args.expect_gpus, "golden": args.golden,
                                    "python": args.python})
@@ -107,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
             skip += ["allreduce", "gpu_speed"]  # the tests that load the GPUs
         checks = select(CHECKS, skip=skip)
     except (ConfigError, SelectionError) as exc:
-        print(f"preflight prolog: configuration error: {exc}", file=sys.stderr)
+        _say(f"configuration error: {exc}")
         if args.fail_closed:
             drain(scontrol, node, "preflight: configuration error")
             return 1
@@ -116,8 +149,7 @@ def run(args: argparse.Namespace) -> int:
     for r in report.results:
         if r.status >= Status.WARN:
             fix = f" fix: {r.remedy}" if r.remedy else ""
-            print(f"preflight prolog: {r.status.name} {r.check} {r.reason} "
-                  f"(scope {r.scope.value}): {r.message}{fix}", file=sys.stderr)
+            _say(f"{r.status.name} {r.check} {r.reason} (scope {r.scope.value}): {r.message}{fix}")
     if report.node_status is Status.FAIL:
         drain(scontrol, node, drain_reason(report))
         return 1

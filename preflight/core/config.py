@@ -7,6 +7,7 @@ the key and where it came from, and the CLI exits 2 on it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import types
 import typing
@@ -21,6 +22,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 import yaml
+
+from preflight.core.boundedio import read_bounded
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -103,6 +106,29 @@ _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _HINTS = typing.get_type_hints(Config)
 
 
+#: Longest number accepted as text (an int of 5,000 digits is not a setting, and converting one is
+#: slow); longer text is "not a number".
+_MAX_NUMBER_CHARS = 40
+#: Characters of a bad value quoted in an error message.
+_MAX_SHOWN_CHARS = 80
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut to a length a one-line message can carry (a value may be huge)."""
+    if isinstance(value, (list, tuple, dict)) and len(value) > 20:
+        return f"a {type(value).__name__} of {len(value)} items"
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    text = repr(value)
+    return text if len(text) <= _MAX_SHOWN_CHARS else text[:_MAX_SHOWN_CHARS - 3] + "..."
+
+
+def cut(text: str, limit: int = 200) -> str:
+    """``text`` on one line, at most ``limit`` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _coerce(key: str, value: Any, source: str, *, from_text: bool) -> Any:
     """``value`` as the type of ``Config.<key>``, or ConfigError naming the key and source."""
     hint = _HINTS[key]
@@ -134,60 +160,96 @@ def _coerce(key: str, value: Any, source: str, *, from_text: bool) -> Any:
                 raise TypeError
             if isinstance(value, int):
                 return value
-            if from_text and isinstance(value, str):
+            if from_text and isinstance(value, str) and len(value.strip()) <= _MAX_NUMBER_CHARS:
                 return int(value.strip(), 0)
             raise TypeError
         if want is float:
             if isinstance(value, bool):
                 raise TypeError
             if isinstance(value, (int, float)):
-                return float(value)
-            if from_text and isinstance(value, str):
+                return float(value)  # OverflowError for a huge int: caught below
+            if from_text and isinstance(value, str) and len(value.strip()) <= _MAX_NUMBER_CHARS:
                 return float(value)
             raise TypeError
         if want is str:
             if not isinstance(value, str):
                 raise TypeError
             return value
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         pass
     else:  # pragma: no cover - every field type is handled above
         raise AssertionError(f"unhandled config type {hint}")
     kinds: dict[Any, str] = {int: "an integer", float: "a number", bool: "true or false",
                              str: "a string", tuple: "a list of strings"}
     unset = " (or null to unset)" if optional else ""
-    raise ConfigError(f"{source}: {key} must be {kinds[want]}{unset}, got {value!r}")
+    raise ConfigError(f"{source}: {key} must be {kinds[want]}{unset}, got {shown(value)}")
+
+
+#: Inclusive sane ranges; a value outside is a typo or an attack, never a setting.
+_DAY_S = 86400.0
+RANGES: dict[str, tuple[float, float]] = {
+    "expect_gpus": (0, 1024),
+    "expect_nvlinks": (0, 64),
+    "check_timeout_s": (0.001, 3600.0),
+    "shm_min_bytes": (0, 1 << 44),
+    "shm_channels": (1, 64),
+    "min_busbw_gbps": (0, 100_000.0),
+    "bench_min_bytes": (4, 64 * GiB),
+    "bench_max_bytes": (4, 64 * GiB),
+    "bench_timeout_s": (0.001, _DAY_S),
+    "interval_s": (0.001, 7 * _DAY_S),
+    "bandwidth_interval_s": (0.001, 90 * _DAY_S),
+    "gpu_speed_slow_fraction": (0.001, 1.0),
+    "gpu_speed_warn_fraction": (0.001, 1.0),
+    "gpu_speed_timeout_s": (0.001, _DAY_S),
+    "xid_since_s": (0.001, 10 * 365 * _DAY_S),
+    "fabric_expected_rate_gbps": (0.001, 100_000.0),
+    "fabric_counter_interval_s": (0, 5.0),
+}
+#: Longest string or list a config value may be (a path, a package list).
+_MAX_TEXT_CHARS = 4096
+_MAX_ITEMS = 1024
+
+
+def _listen_port(text: str) -> int | None:
+    port = text.rpartition(":")[2]
+    if not text.rpartition(":")[1] or not port.isascii() or not port.isdigit() or len(port) > 5:
+        return None
+    return int(port)
 
 
 def validate(config: Config, *, source: str) -> Config:
-    """Range checks that types alone cannot express."""
+    """Range checks that types alone cannot express: every number finite and within
+    :data:`RANGES`, every text and list of a bounded length."""
     def need(ok: bool, key: str, what: str) -> None:
         if not ok:
-            raise ConfigError(f"{source}: {key} must be {what}, got {getattr(config, key)!r}")
+            raise ConfigError(f"{source}: {key} must be {what}, got {shown(getattr(config, key))}")
 
-    need(config.expect_gpus is None or config.expect_gpus >= 0, "expect_gpus", ">= 0")
-    need(config.expect_nvlinks is None or config.expect_nvlinks >= 0, "expect_nvlinks", ">= 0")
-    need(config.check_timeout_s > 0, "check_timeout_s", "> 0")
-    need(config.shm_min_bytes >= 0, "shm_min_bytes", ">= 0")
-    need(config.shm_channels >= 1, "shm_channels", ">= 1")
-    need(config.min_busbw_gbps is None or config.min_busbw_gbps >= 0, "min_busbw_gbps", ">= 0")
-    need(config.bench_min_bytes >= 4, "bench_min_bytes", ">= 4")
+    for key, (low, high) in RANGES.items():
+        value = getattr(config, key)
+        if value is None:
+            continue
+        unit = " s" if key.endswith("_s") else ""
+        need(math.isfinite(value) and low <= value <= high, key,
+             f"a finite number in {low:g}..{high:g}{unit}")
+    for f in dataclasses.fields(Config):
+        value = getattr(config, f.name)
+        if isinstance(value, str):
+            need(len(value) <= _MAX_TEXT_CHARS and "\0" not in value, f.name,
+                 f"at most {_MAX_TEXT_CHARS} characters without NUL")
+        elif isinstance(value, tuple):
+            need(len(value) <= _MAX_ITEMS and all(len(v) <= _MAX_TEXT_CHARS and "\0" not in v
+                                                  for v in value),
+                 f.name, f"at most {_MAX_ITEMS} items of at most {_MAX_TEXT_CHARS} characters")
     need(config.bench_max_bytes >= config.bench_min_bytes, "bench_max_bytes", ">= bench_min_bytes")
-    need(config.bench_timeout_s > 0, "bench_timeout_s", "> 0")
     need(config.bench_engine in ("auto", "torch", "nccl4py"), "bench_engine",
          "one of auto, torch, nccl4py")
-    for key in ("gpu_speed_slow_fraction", "gpu_speed_warn_fraction"):
-        need(0 < getattr(config, key) <= 1, key, "in (0, 1]")
-    need(config.gpu_speed_timeout_s > 0, "gpu_speed_timeout_s", "> 0")
     need(config.gpu_speed_engine in ("auto", "cuda", "torch", "cpu"), "gpu_speed_engine",
          "auto, cuda, torch or cpu")
-    need(config.interval_s > 0, "interval_s", "> 0")
-    need(config.xid_since_s is None or config.xid_since_s > 0, "xid_since_s", "> 0")
-    need(config.fabric_expected_rate_gbps is None or config.fabric_expected_rate_gbps > 0,
-         "fabric_expected_rate_gbps", "> 0")
-    need(0 <= config.fabric_counter_interval_s <= 5, "fabric_counter_interval_s", "0..5 seconds")
-    need(config.bandwidth_interval_s > 0, "bandwidth_interval_s", "> 0")
-    need(config.listen.rpartition(":")[2].isdigit(), "listen", "HOST:PORT")
+    for key in ("gpu_speed_slow_fraction", "gpu_speed_warn_fraction"):
+        need(0 < getattr(config, key) <= 1, key, "in (0, 1]")
+    port = _listen_port(config.listen)
+    need(port is not None and port <= 65535, "listen", "HOST:PORT with a port in 0..65535")
     return config
 
 
@@ -203,22 +265,104 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base: Config | None = 
     return validate(dataclasses.replace(base or Config(), **changes), source=source)
 
 
+#: Deepest nesting a config file may have (a real one has 2 levels).
+MAX_DEPTH = 16
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader without aliases (no billion laughs), without duplicate keys (the second would
+    silently win), and with bounded nesting (no RecursionError)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            raise yaml.composer.ComposerError(
+                None, None, "aliases (*name) are not allowed in a preflight config",
+                event.start_mark)
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested deeper than {MAX_DEPTH} levels",
+                    self.peek_event().start_mark)  # type: ignore[no-untyped-call]
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_yaml_int(self, node: Any) -> Any:
+        text = str(node.value)
+        if len(text) > _MAX_NUMBER_CHARS:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a number of {len(text)} characters (at most {_MAX_NUMBER_CHARS})",
+                node.start_mark)
+        return super().construct_yaml_int(node)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else id(key_node)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {shown(key)}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
+
+
+def _depth(value: Any, limit: int) -> bool:
+    """True when ``value`` nests no deeper than ``limit`` (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return False
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return True
+
+
 def load_file(path: str | Path, *, base: Config | None = None) -> Config:
-    """Read a TOML (``.toml``) or YAML (anything else) file; keys may sit under ``[preflight]``."""
+    """Read a TOML (``.toml``) or YAML (anything else) file; keys may sit under ``[preflight]``.
+
+    The file is read through :func:`~preflight.core.boundedio.read_bounded` (a regular file of at
+    most 4 MiB, within 5 s), must be UTF-8, and may not use YAML aliases, duplicate keys or nest
+    deeper than :data:`MAX_DEPTH`: anything else is a :class:`ConfigError`, never a hang or a
+    traceback.
+    """
     p = Path(path)
+    kind = "TOML" if p.suffix == ".toml" else "YAML"
     try:
-        text = p.read_text()
+        raw = read_bounded(p)
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read config file: {exc.strerror or exc}") from None
     try:
-        data: Any = tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start}); write the config in "
+                          "UTF-8") from None
+    try:
+        if kind == "TOML":
+            data: Any = tomllib.loads(text)
+        else:
+            data = yaml.load(text, Loader=_StrictLoader)
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{p}: not valid {'TOML' if p.suffix == '.toml' else 'YAML'}: {exc}") \
-            from None
+        first = " ".join(str(exc).split())
+        raise ConfigError(f"{p}: not valid {kind}: {cut(first)}") from None
+    except (RecursionError, ValueError, OverflowError, MemoryError) as exc:
+        raise ConfigError(f"{p}: not a usable {kind} config: {type(exc).__name__}: "
+                          f"{cut(str(exc))}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a mapping of keys to values at the top level")
+    if not _depth(data, MAX_DEPTH):
+        raise ConfigError(f"{p}: nested deeper than {MAX_DEPTH} levels")
     if set(data) == {"preflight"} and isinstance(data["preflight"], dict):
         data = data["preflight"]
     return from_mapping(data, source=str(p), base=base)

@@ -69,8 +69,9 @@ class Context:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def host_path(self, path: str) -> Path:
-        """``path`` (absolute, e.g. ``/dev/shm``) under the host root."""
-        return self.root / path.lstrip("/")
+        """``path`` (absolute, e.g. ``/dev/shm``) under the host root, symlinks resolved as the
+        host would resolve them (see :func:`resolve_under`)."""
+        return resolve_under(self.root, path)
 
     def env_int(self, name: str) -> int | None:
         """``int(env[name])`` as torch reads it; None when unset, empty or not an integer
@@ -142,6 +143,48 @@ def default_gpu_probe(env: Mapping[str, str]) -> GpuProbe | None:
     """
     fixture = env.get("PREFLIGHT_NVML_FIXTURE")
     return FixtureFileGpuProbe(fixture) if fixture else None
+
+
+#: Symlinks followed while resolving one path under --root (Linux's own limit, MAXSYMLINKS).
+MAX_SYMLINKS = 40
+
+
+def resolve_under(root: str | Path, path: str) -> Path:
+    """``path`` inside the tree mounted at ``root``, symlinks followed as if ``root`` were ``/``.
+
+    A host's ``/dev/shm`` is often a symlink to ``/run/shm``: joined naively under ``--root
+    /host`` its absolute target points into the *container's* filesystem, which then gets
+    measured (a false PASS). Here an absolute target restarts at ``root`` and ``..`` never climbs
+    above it, like ``chroot``. A missing component ends the walk (the rest is appended as is); a
+    loop or more than :data:`MAX_SYMLINKS` links leaves the path unresolved, so the check that
+    opens it reports the error.
+    """
+    base = Path(root)
+    if str(base) == "/":
+        return Path("/" + path.lstrip("/"))
+    todo = [p for p in path.split("/") if p and p != "."]
+    todo.reverse()
+    done: list[str] = []
+    links = 0
+    while todo:
+        part = todo.pop()
+        if part == "..":
+            if done:
+                done.pop()
+            continue
+        candidate = base.joinpath(*done, part)
+        try:
+            target = os.readlink(candidate)
+        except OSError:  # not a link, or missing: keep it as is
+            done.append(part)
+            continue
+        links += 1
+        if links > MAX_SYMLINKS:
+            return base.joinpath(*done, part, *reversed(todo))
+        if target.startswith("/"):
+            done = []
+        todo.extend(reversed([p for p in target.split("/") if p and p != "."]))
+    return base.joinpath(*done)
 
 
 def make_context(config: Config, *, env: Mapping[str, str] | None = None,

@@ -400,7 +400,8 @@ def parse_master_addr(value: str | None) -> MasterAddr:
     """Validate MASTER_ADDR as torch will use it (getaddrinfo on the raw text).
 
     Raises:
-        ParseError: empty, blanks inside, brackets around an IPv6 address, a URL or a port.
+        ParseError: empty, blanks inside, brackets around an IPv6 address, a URL or a port, an
+            empty or over-long label (``a..b``).
     """
     if value is None or value == "":
         raise ParseError("MASTER_ADDR is empty; expected rank 0's hostname or IP address")
@@ -430,6 +431,17 @@ def parse_master_addr(value: str | None) -> MasterAddr:
     if len(value) > 253 or any(not (c.isalnum() or c in "-._") for c in value):
         raise ParseError(f"MASTER_ADDR={value!r} is not a valid hostname (letters, digits, '-', "
                          "'.', at most 253 characters)")
+    labels = (value[:-1] if value.endswith(".") else value).split(".")
+    bad = next((label for label in labels if not 1 <= len(label) <= 63), None)
+    if bad is not None:
+        what = "an empty label (two dots in a row, or a leading dot)" if not bad else \
+            f"a label of {len(bad)} characters (at most 63)"
+        raise ParseError(f"MASTER_ADDR={value!r} is not a valid hostname: it has {what}, so "
+                         "getaddrinfo cannot look it up (RFC 1123)")
+    try:
+        value.encode("idna")  # what Python's getaddrinfo does first with a non-ASCII name
+    except UnicodeError as exc:
+        raise ParseError(f"MASTER_ADDR={value!r} is not a valid hostname: {exc}") from None
     return MasterAddr(value, "hostname")
 
 

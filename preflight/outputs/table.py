@@ -1,4 +1,8 @@
-"""The human table: one line per check, the remedy under it."""
+"""The human table: one line per check, the remedy under it.
+
+Messages quote the job's environment, which can hold anything: every text is passed through
+:func:`~preflight.core.textsafe.escape`, so an escape sequence or a newline in a variable shows as
+``\\e`` / ``\\n`` instead of acting on the terminal."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import shutil
 import textwrap
 
 from preflight.core.result import Report, Status
+from preflight.core.textsafe import escape
 
 _COLOURS = {
     Status.PASS: "\033[32m",
@@ -20,7 +25,7 @@ _RESET = "\033[0m"
 def render(report: Report, *, colour: bool = False, width: int | None = None) -> str:
     """A fixed-column table; long messages wrap under the message column."""
     width = width or shutil.get_terminal_size((100, 24)).columns
-    name_w = max([len("CHECK"), *(len(r.check) for r in report.results)])
+    name_w = max([len("CHECK"), *(len(escape(r.check)) for r in report.results)])
     head = f"{'STATUS':<6}  {'CHECK':<{name_w}}  MESSAGE"
     indent = " " * (6 + 2 + name_w + 2)
     wrap_w = max(30, width - len(indent))
@@ -28,11 +33,11 @@ def render(report: Report, *, colour: bool = False, width: int | None = None) ->
     for r in report.results:
         word = r.status.name
         shown = f"{_COLOURS[r.status]}{word:<6}{_RESET}" if colour else f"{word:<6}"
-        msg = textwrap.wrap(r.message, wrap_w) or [""]
-        lines.append(f"{shown}  {r.check:<{name_w}}  {msg[0]}")
+        msg = textwrap.wrap(escape(r.message), wrap_w) or [""]
+        lines.append(f"{shown}  {escape(r.check):<{name_w}}  {msg[0]}")
         lines.extend(indent + m for m in msg[1:])
         if r.remedy and r.status >= Status.WARN:
-            fix = textwrap.wrap(r.remedy, wrap_w - 5) or [""]
+            fix = textwrap.wrap(escape(r.remedy), wrap_w - 5) or [""]
             lines.append(f"{indent}fix: {fix[0]}")
             lines.extend(indent + "     " + f for f in fix[1:])
     status = report.status
@@ -40,5 +45,5 @@ def render(report: Report, *, colour: bool = False, width: int | None = None) ->
     counts = ", ".join(
         f"{sum(1 for r in report.results if r.status is s)} {s.word}"
         for s in Status if any(r.status is s for r in report.results))
-    lines.append(f"\n{report.host}: {verdict} ({counts})")
+    lines.append(f"\n{escape(report.host)}: {verdict} ({counts})")
     return "\n".join(lines)

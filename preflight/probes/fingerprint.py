@@ -274,9 +274,14 @@ def parse(data: Any, *, source: str) -> dict[str, Any]:
 
 def load(path: str | Path) -> dict[str, Any]:
     """Read and :func:`parse` a fingerprint file (``-`` is not special: name a file)."""
+    from preflight.core.boundedio import BoundedReadError, read_bounded
+
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        # A regular file of bounded size within a deadline: /dev/zero or a FIFO is refused.
+        text = read_bounded(p).decode("utf-8")
+    except BoundedReadError as exc:
+        raise FingerprintError(str(exc)) from None
     except FileNotFoundError:
         raise FingerprintError(f"{p}: no such file") from None
     except IsADirectoryError:

@@ -208,7 +208,10 @@ def resolve(host: str, *, timeout_s: float) -> tuple[tuple[int, str], ...]:
         TimeoutError: the resolver did not answer in time.
     """
     def lookup() -> tuple[tuple[int, str], ...]:
-        infos = socket.getaddrinfo(host, None, socket.AF_UNSPEC, socket.SOCK_STREAM)
+        try:
+            infos = socket.getaddrinfo(host, None, socket.AF_UNSPEC, socket.SOCK_STREAM)
+        except UnicodeError as exc:  # the IDNA codec refuses the name before any lookup
+            raise socket.gaierror(socket.EAI_NONAME, f"not a valid host name ({exc})") from None
         out: list[tuple[int, str]] = []
         for family, _, _, _, sockaddr in infos:
             item = (int(family), str(sockaddr[0]).split("%", 1)[0])

@@ -29,7 +29,6 @@ import importlib.util
 import json
 import os
 import platform
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -233,19 +232,21 @@ def gather_foreign(python: str, watched: Sequence[str], *, timeout_s: float,
     Raises:
         PyEnvError: the interpreter is missing, passed ``timeout_s``, or gave no valid answer.
     """
+    # Imported here: this module's source also runs alone in the foreign interpreter.
+    from preflight.core.procgroup import GroupTimeout, run_in_group
+
     argv = [python, "-I", "-c", _BOOT, _source(), json.dumps(list(watched))]
     try:
-        proc = subprocess.run(argv, capture_output=True, timeout=timeout_s, check=False,
-                              stdin=subprocess.DEVNULL, env=dict(env) if env is not None else None)
+        proc = run_in_group(argv, timeout_s=timeout_s, env=env)
     except FileNotFoundError:
         raise PyEnvError(f"python interpreter {python} does not exist", kind="missing") from None
     except PermissionError:
         raise PyEnvError(f"python interpreter {python} is not executable",
                          kind="missing") from None
-    except subprocess.TimeoutExpired:
-        # subprocess.run has killed and reaped it: nothing is left running.
-        raise PyEnvError(f"{python} did not describe its environment within {timeout_s:g} s",
-                         kind="timeout") from None
+    except GroupTimeout as exc:
+        # Its whole process group is dead: a wrapper script's own children included.
+        raise PyEnvError(f"{python} did not describe its environment within {timeout_s:g} s "
+                         f"(killed its process group {exc.pgid})", kind="timeout") from None
     except OSError as exc:
         raise PyEnvError(f"cannot run {python}: {exc.strerror or exc}", kind="missing") from None
     stderr = proc.stderr.decode("utf-8", "replace").strip()[-STDERR_TAIL:]

@@ -77,6 +77,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--progress-fd", type=int, required=True)
     p.add_argument("--timeout-s", type=float, default=60.0,
                    help="deadline of the store and of each collective inside torch")
+    # Multi-node (preflight cluster): --rank/--world-size are global, the device is --local-rank,
+    # and every rank is a client of the cluster agent's store (no port through stdin).
+    p.add_argument("--local-rank", type=int, default=None, help="device index (default --rank)")
+    p.add_argument("--store", metavar="HOST:PORT", default=None,
+                   help="join this TCPStore as a client instead of rank 0 hosting one")
+    p.add_argument("--store-prefix", default="", help="key prefix inside --store")
     return p.parse_args(argv)
 
 
@@ -111,7 +117,11 @@ def main(argv: list[str] | None = None) -> int:
         phase = "init"
         progress.send("phase", phase="init")
         timeout = datetime.timedelta(seconds=args.timeout_s)
-        if args.rank == 0:
+        if args.store:
+            host, _, port_text = args.store.rpartition(":")
+            store = dist.PrefixStore(args.store_prefix,  # type: ignore[attr-defined]
+                                     tcp_store(host, int(port_text), None, False, timeout=timeout))
+        elif args.rank == 0:
             store = tcp_store("127.0.0.1", 0, args.world_size, True, timeout=timeout,
                               wait_for_workers=False)
             progress.send("store", port=int(store.port))
@@ -147,11 +157,12 @@ def main(argv: list[str] | None = None) -> int:
 def _device(torch: Any, args: argparse.Namespace) -> Any:
     if args.backend != "nccl":
         return torch.device("cpu")
+    index = args.rank if args.local_rank is None else args.local_rank
     count = torch.cuda.device_count()
-    if args.rank >= count:
-        raise RuntimeError(f"rank {args.rank} needs cuda:{args.rank} but CUDA sees {count} GPU(s)")
-    torch.cuda.set_device(args.rank)
-    return torch.device("cuda", args.rank)
+    if index >= count:
+        raise RuntimeError(f"rank {args.rank} needs cuda:{index} but CUDA sees {count} GPU(s)")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
 def _bus_id(torch: Any, device: Any) -> str | None:

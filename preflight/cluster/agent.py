@@ -26,7 +26,7 @@ from preflight.cluster.options import ClusterOptions
 from preflight.cluster.store import MasterLost, Rendezvous
 from preflight.context import Context
 from preflight.model import SCHEMA_VERSION, ExitCode, Status, exit_code, worst
-from preflight.probes.net import probe_interfaces, route_source
+from preflight.probes.net import probe_interfaces, resolve, route_source
 from preflight.runner import run_checks, select
 
 log = logging.getLogger(__name__)
@@ -57,10 +57,10 @@ Progress = Callable[[str], None]
 
 def node_facts(ctx: Context, opts: ClusterOptions, settings: RunSettings) -> dict[str, Any]:
     """What this node tells the others on arrival: who it is, and the facts parity compares."""
-    family = socket.AF_INET6 if ":" in opts.master_addr else socket.AF_INET
     try:
-        addr = route_source(family, socket.getaddrinfo(opts.master_addr, None, family)[0][4][0])
-    except OSError:
+        family, target = resolve(opts.master_addr, timeout_s=min(5.0, opts.timeout_s))[0]
+        addr: str | None = route_source(family, target)
+    except (OSError, TimeoutError, IndexError):
         addr = None
     iface = probe_interfaces().owner(addr) if addr else None
     snap = ctx.gpus()

@@ -93,7 +93,8 @@ def test_different_package_version_is_named(cluster: Any, tmp_path: Path) -> Non
     for version in ("1.0", "2.0"):
         meta = tmp_path / version / f"fakepkg-{version}.dist-info"
         meta.mkdir(parents=True)
-        (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: fakepkg\nVersion: {version}\n")
+        (meta / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: fakepkg\nVersion: {version}\n")
     repo = os.environ.get("PYTHONPATH", "")
     agents = [c.start(r, "--no-bandwidth", env={
         "PREFLIGHT_WATCHED_PACKAGES": "torch,fakepkg",

@@ -122,6 +122,8 @@ class Agent:
         self.ctx, self.opts, self.settings, self.store = ctx, opts, settings, store
         self.progress = progress or (lambda _text: None)
         self.started = time.monotonic()
+        self.k = 0
+        self.peer_ops: dict[int, int] = {}
 
     def _deadline(self, seconds: float) -> float:
         return time.monotonic() + seconds
@@ -170,6 +172,8 @@ class Agent:
             if self.opts.node_rank in arrivals:
                 answer = self._do(k, step, arrivals)
                 if answer is not None:
+                    # The store traffic this node made so far, for the cost figures.
+                    answer["store_ops"] = self.store.ops
                     self.store.put(f"res/{k}", self.opts.node_rank, answer)
             wait_s = float(step["deadline_s"]) + SLACK_S
             k += 1
@@ -191,7 +195,6 @@ class Agent:
                        + "; start every agent with the same --nnodes (or the same launcher "
                        "variables)")
             return self._publish(0, v)
-        self.k = 0
         checks = self._step({"do": "checks", "deadline_s": o.timeout_s,
                              "arrivals": {str(r): a for r, a in arrivals.items()}},
                             sorted(arrivals), arrivals, "node checks")
@@ -215,6 +218,8 @@ class Agent:
             self.store.put(f"res/{k}", 0, mine)
         self.progress(f"gathering {what}")
         got = self.store.gather(f"res/{k}", nodes, self._deadline(float(step["deadline_s"])))
+        for r, answer in got.items():
+            self.peer_ops[r] = max(self.peer_ops.get(r, 0), int(answer.pop("store_ops", 0)))
         self.k += 1
         return got
 
@@ -269,7 +274,8 @@ class Agent:
                                 f"{floor:.4g} GB/s" if floor is not None else "failed")
 
     def _publish(self, k: int, v: Verdict) -> dict[str, Any]:
-        v.store = {"ops": self.store.ops, "bytes": self.store.bytes}
+        v.store = {"ops": self.store.ops, "bytes": self.store.bytes,
+                   "other_nodes_ops": sum(self.peer_ops.values())}
         v.elapsed_s = time.monotonic() - self.started
         verdict = v.to_json()
         self.store.set(f"step/{k}", {"do": "verdict", "verdict": verdict})

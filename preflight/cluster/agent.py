@@ -85,15 +85,14 @@ def run_node_checks(ctx: Context) -> dict[str, Any]:
 
 
 def run_group(ctx: Context, opts: ClusterOptions, settings: RunSettings, *,
-              arrivals: Mapping[int, Mapping[str, Any]], group: list[int], prefix: str
+              nproc: Mapping[int, int], iface: str | None, group: list[int], prefix: str
               ) -> dict[str, Any]:
     """This node's share of an all-reduce over the nodes of ``group`` (global ranks in node order,
     every rank a client of the cluster's store under ``prefix``)."""
     me = opts.node_rank
-    offset = sum(int(arrivals[r]["nproc"]) for r in group if r < me)
-    world = sum(int(arrivals[r]["nproc"]) for r in group)
+    offset = sum(nproc[r] for r in group if r < me)
+    world = sum(nproc[r] for r in group)
     env = dict(ctx.env)
-    iface = arrivals[me].get("interface")
     if settings.backend == "gloo" and iface and "GLOO_SOCKET_IFNAME" not in env:
         # Gloo binds the address the hostname resolves to unless told; use the master's route.
         env["GLOO_SOCKET_IFNAME"] = str(iface)
@@ -124,6 +123,8 @@ class Agent:
         self.started = time.monotonic()
         self.k = 0
         self.peer_ops: dict[int, int] = {}
+        self.nproc: dict[int, int] = {}
+        self.info: dict[str, Any] = {}
 
     def _deadline(self, seconds: float) -> float:
         return time.monotonic() + seconds
@@ -141,7 +142,7 @@ class Agent:
         self.progress("arrived")
         return info
 
-    def _do(self, k: int, step: Mapping[str, Any], arrivals: Mapping[int, Any]) -> Any:
+    def _do(self, k: int, step: Mapping[str, Any], nproc: Mapping[int, int]) -> Any:
         me = self.opts.node_rank
         if step["do"] == "checks":
             self.progress("node checks")
@@ -149,14 +150,15 @@ class Agent:
         for i, group in enumerate(step["groups"]):
             if me in group:
                 self.progress(f"all-reduce {step['tag']} with nodes {group}")
-                return run_group(self.ctx, self.opts, self.settings, arrivals=arrivals,
-                                 group=list(group), prefix=f"s{k}/g{i}")
+                return run_group(self.ctx, self.opts, self.settings, nproc=nproc,
+                                 iface=self.info.get("interface"), group=list(group),
+                                 prefix=f"s{k}/g{i}")
         return None
 
     def follow(self) -> dict[str, Any]:
         """A node other than 0: follow the steps to the verdict (or raise MasterLost)."""
-        self.arrive()
-        arrivals: dict[int, Any] = {}
+        self.info = self.arrive()
+        nproc: dict[int, int] = {}
         wait_s = self.opts.timeout_s + SLACK_S  # node 0 waits up to timeout_s for arrivals
         k = 0
         while True:
@@ -168,9 +170,9 @@ class Agent:
             if step["do"] == "verdict":
                 return dict(step["verdict"])
             if k == 0:
-                arrivals = {int(r): v for r, v in step["arrivals"].items()}
-            if self.opts.node_rank in arrivals:
-                answer = self._do(k, step, arrivals)
+                nproc = {int(r): int(n) for r, n in step["nproc"].items()}
+            if self.opts.node_rank in nproc:
+                answer = self._do(k, step, nproc)
                 if answer is not None:
                     # The store traffic this node made so far, for the cost figures.
                     answer["store_ops"] = self.store.ops
@@ -183,11 +185,12 @@ class Agent:
     def lead(self) -> dict[str, Any]:
         """Node 0: run every phase, publish and return the verdict."""
         o = self.opts
-        self.arrive()
+        self.info = self.arrive()
         self.progress("waiting for the other nodes")
         arrivals = self.store.gather("arrive", range(o.nnodes), self._deadline(o.timeout_s))
         missing = [r for r in range(o.nnodes) if r not in arrivals]
         v = Verdict(o.nnodes, arrivals, missing)
+        self.nproc = {r: int(a["nproc"]) for r, a in arrivals.items()}
         bad_n = {r: a["nnodes"] for r, a in arrivals.items() if a["nnodes"] != o.nnodes}
         if bad_n:
             v.usage = (f"the nodes disagree on the node count: node 0 has --nnodes {o.nnodes}, "
@@ -196,8 +199,8 @@ class Agent:
                        "variables)")
             return self._publish(0, v)
         checks = self._step({"do": "checks", "deadline_s": o.timeout_s,
-                             "arrivals": {str(r): a for r, a in arrivals.items()}},
-                            sorted(arrivals), arrivals, "node checks")
+                             "nproc": {str(r): a["nproc"] for r, a in arrivals.items()}},
+                            sorted(arrivals), "node checks")
         v.checks = checks
         v.unresponsive.update({r: "node checks" for r in arrivals if r not in checks})
         flat = {r: parity.flatten(c.get("fingerprint"), arrivals[r]["facts"])
@@ -206,14 +209,13 @@ class Agent:
         alive = sorted(checks)
         total = sum(int(arrivals[r]["nproc"]) for r in alive)
         if self.settings.bandwidth and total >= 2:
-            self._world_and_localise(v, alive, arrivals)
+            self._world_and_localise(v, alive)
         return self._publish(self.k, v)
 
-    def _step(self, step: dict[str, Any], nodes: list[int], arrivals: Mapping[int, Any],
-              what: str) -> dict[int, Any]:
+    def _step(self, step: dict[str, Any], nodes: list[int], what: str) -> dict[int, Any]:
         k = self.k
         self.store.set(f"step/{k}", step)
-        mine = self._do(k, step, arrivals) if 0 in nodes else None
+        mine = self._do(k, step, self.nproc) if 0 in nodes else None
         if mine is not None:
             self.store.put(f"res/{k}", 0, mine)
         self.progress(f"gathering {what}")
@@ -223,26 +225,25 @@ class Agent:
         self.k += 1
         return got
 
-    def _group_run(self, v: Verdict, tag: str, groups: list[list[int]],
-                   arrivals: Mapping[int, Any]) -> dict[tuple[int, ...], dict[str, Any]]:
+    def _group_run(self, v: Verdict, tag: str, groups: list[list[int]]
+                   ) -> dict[tuple[int, ...], dict[str, Any]]:
         deadline = self.settings.bench_timeout_s + self.opts.timeout_s
         nodes = sorted(r for g in groups for r in g)
         got = self._step({"do": "allreduce", "tag": tag, "groups": groups,
-                          "deadline_s": deadline}, nodes, arrivals, f"all-reduce {tag}")
+                          "deadline_s": deadline}, nodes, f"all-reduce {tag}")
         v.unresponsive.update({r: f"all-reduce {tag}" for r in nodes if r not in got})
         return {tuple(g): merge_group(g, got) for g in groups}
 
-    def _world_and_localise(self, v: Verdict, alive: list[int], arrivals: Mapping[int, Any]
-                            ) -> None:
-        world = self._group_run(v, "world", [alive], arrivals)[tuple(alive)]
+    def _world_and_localise(self, v: Verdict, alive: list[int]) -> None:
+        world = self._group_run(v, "world", [alive])[tuple(alive)]
         v.allreduce = world
         if Status.parse(world["status"]) <= Status.WARN or len(alive) < 2:
             return
         floor_given = self.settings.min_busbw_gbps
         alive = [r for r in alive if r not in v.unresponsive]
-        multi = [[r] for r in alive if int(arrivals[r]["nproc"]) >= 2]
+        multi = [[r] for r in alive if self.nproc[r] >= 2]
         if multi:
-            res = self._group_run(v, "intra", multi, arrivals)
+            res = self._group_run(v, "intra", multi)
             v.rounds.append(round_json("intra", res, None))
             for g, r in res.items():
                 if Status.parse(r["status"]) >= Status.ERROR:
@@ -250,7 +251,7 @@ class Agent:
         pair_list, odd = localise.pairs([r for r in alive if r not in v.unresponsive])
         if not pair_list:
             return
-        res = self._group_run(v, "pairs", [list(p) for p in pair_list], arrivals)
+        res = self._group_run(v, "pairs", [list(p) for p in pair_list])
         figures = {g: (r.get("busbw_gbps") if r["status"] != "error" and r["ok"] else None)
                    for g, r in res.items()}
         floor = localise.floor_of(figures, floor_given)
@@ -264,7 +265,7 @@ class Agent:
         matched, unmatched = localise.match(suspects, good)
         v.unmatched = unmatched
         if matched:
-            res = self._group_run(v, "suspects", [list(p) for p in matched], arrivals)
+            res = self._group_run(v, "suspects", [list(p) for p in matched])
             figures = {g: (r.get("busbw_gbps") if r["ok"] else None) for g, r in res.items()}
             v.rounds.append(round_json("suspects", res, floor))
             for g in localise.bad_groups(figures, floor):
@@ -278,7 +279,11 @@ class Agent:
                    "other_nodes_ops": sum(self.peer_ops.values())}
         v.elapsed_s = time.monotonic() - self.started
         verdict = v.to_json()
-        self.store.set(f"step/{k}", {"do": "verdict", "verdict": verdict})
+        # The others get the verdict without every node's check results (kilobytes per node,
+        # fetched by every node: quadratic at 1,000 nodes); node 0 prints them.
+        compact = {**verdict, "nodes": [{**n, "results": [], "results_on": "node 0"}
+                                        for n in verdict["nodes"]]}
+        self.store.set(f"step/{k}", {"do": "verdict", "verdict": compact})
         # Keep the store up until every arrived node took the verdict (or LINGER_S passed).
         self.store.gather("got", [r for r in v.arrivals if r != 0], self._deadline(LINGER_S))
         return verdict

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from typing import Any
 
@@ -139,6 +140,10 @@ def _run(args: argparse.Namespace, opts: Any, ctx: Any) -> int:
         return _fail(f"node {me}: {exc}", ExitCode.USAGE)
     except MasterLost as exc:
         return _fail(f"node {me}: {exc}", ExitCode.UNDECIDED)
+    except Exception as exc:  # a bug must not leave a traceback instead of a verdict
+        logging.getLogger(__name__).debug("cluster agent crashed", exc_info=True)
+        return _fail(f"node {me}: could not decide: {type(exc).__name__}: {exc}; rerun with "
+                     "--log-level debug and report the traceback", ExitCode.UNDECIDED)
     finally:
         store.close()
     if args.json:

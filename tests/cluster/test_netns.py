@@ -134,3 +134,27 @@ def test_stopped_or_killed_agent_is_named_and_nothing_is_left(cluster: Any, sig:
     else:
         assert agents[2].proc.wait(5) == -signal.SIGKILL
     assert not any(c.pids(r) for r in range(3))
+
+
+def test_stalled_rank_is_named_with_its_node_and_device(cluster: Any) -> None:
+    c: Cluster = cluster(3)
+    agents = [c.start(r, timeout_s=6) for r in range(3)]
+    agents[1].wait_stderr("all-reduce world")
+    agent_pid = str(agents[1].proc.pid)
+    worker = None
+    for _ in range(100):
+        others = [p for p in c.pids(1) if p != agent_pid]
+        if others:
+            worker = int(others[0])
+            break
+        time.sleep(0.05)
+    assert worker is not None, "node 1 started no worker"
+    os.kill(worker, signal.SIGSTOP)
+    results = finish_all(agents, 120)
+    v = same(verdicts(results))
+    assert [rc for rc, _, _ in results] == [1, 1, 1], v["findings"]
+    world = v["allreduce"]
+    assert world["status"] == "fail" and world["ok"] is False
+    assert world["message"].startswith("node 1: rank 0 (node 1 CPU 0)"), world["message"]
+    assert "frozen" in world["message"]
+    assert not any(c.pids(r) for r in range(3))  # the stopped worker was killed by its agent

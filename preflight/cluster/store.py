@@ -13,6 +13,7 @@ counted (``ops``, ``bytes``): the store traffic figure of docs/benchmarks.md.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import socket
@@ -22,7 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from preflight.cluster.options import ClusterOptions, ClusterUsageError
-from preflight.probes.net import resolve
+from preflight.probes.net import resolve, with_deadline
 
 PREFIX = "preflight-cluster/"
 #: Waiting is cut into slices of this length, so deadlines are checked while nothing arrives.
@@ -53,10 +54,13 @@ def torch_missing() -> str | None:
 class Rendezvous:
     """A store client (or the server, on node 0) with JSON values and counted traffic."""
 
-    def __init__(self, store: Any, *, hosting: bool, master: str) -> None:
+    def __init__(self, store: Any, *, hosting: bool, master: str, op_timeout_s: float) -> None:
         self._store = store
         self.hosting = hosting
         self.master = master
+        #: A stopped master (SIGSTOP) accepts requests into its socket and never answers, and
+        #: the store client would wait for ever: every request runs with this deadline.
+        self.op_timeout_s = op_timeout_s
         self.ops = 0
         self.bytes = 0
 
@@ -98,7 +102,8 @@ class Rendezvous:
             raise MasterLost(f"the master {master} did not accept a connection within "
                              f"{opts.timeout_s:g} s ({text}); is node 0's agent running and the "
                              "port open between the nodes?") from None
-        return cls(prefix_store(PREFIX, raw), hosting=host, master=master)
+        return cls(prefix_store(PREFIX, raw), hosting=host, master=master,
+                   op_timeout_s=opts.timeout_s)
 
     def set(self, key: str, value: Any) -> None:
         data = json.dumps(value, separators=(",", ":"))
@@ -128,10 +133,16 @@ class Rendezvous:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
+            piece = datetime.timedelta(seconds=min(SLICE_S, left))
+            store = self._store
             try:
                 self.ops += 1
-                self._store.wait([key], datetime.timedelta(seconds=min(SLICE_S, left)))
+                with_deadline(functools.partial(store.wait, [key], piece),
+                              piece.total_seconds() + self.op_timeout_s,
+                              f"the master {self.master}")
                 return True
+            except TimeoutError as exc:
+                raise MasterLost(f"{exc}: it stopped answering (SIGSTOP, overload)") from None
             except Exception as exc:
                 if not _is_timeout(exc):
                     raise MasterLost(f"lost the master {self.master}: {_one_line(exc)}") from None
@@ -156,7 +167,9 @@ class Rendezvous:
     def _call(self, fn: Any, *args: Any) -> Any:
         self.ops += 1
         try:
-            return fn(*args)
+            return with_deadline(lambda: fn(*args), self.op_timeout_s, f"the master {self.master}")
+        except TimeoutError as exc:
+            raise MasterLost(f"{exc}: it stopped answering (SIGSTOP, overload)") from None
         except Exception as exc:
             raise MasterLost(f"the master {self.master} did not answer: {_one_line(exc)}") from None
 

@@ -158,3 +158,21 @@ def test_stalled_rank_is_named_with_its_node_and_device(cluster: Any) -> None:
     assert world["message"].startswith("node 1: rank 0 (node 1 CPU 0)"), world["message"]
     assert "frozen" in world["message"]
     assert not any(c.pids(r) for r in range(3))  # the stopped worker was killed by its agent
+
+
+def test_stopped_master_is_named_by_the_others_within_the_deadline(cluster: Any) -> None:
+    c: Cluster = cluster(3)
+    agents = [c.start(r, "--no-bandwidth", timeout_s=4) for r in range(3)]
+    agents[0].wait_stderr("gathering node checks")
+    os.kill(agents[0].proc.pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    for a in agents[1:]:
+        rc, out, err = a.finish(60)
+        assert rc == 3, err
+        assert out == "" and "Traceback" not in err
+        assert f"node {a.rank}: " in err, err
+        assert "the master 10.77.0.1:29500" in err or "node 0 (10.77.0.1:29500)" in err, err
+    assert time.monotonic() - t0 < 4 + 5 + 4 + 15  # step deadline + slack + one store timeout
+    os.kill(agents[0].proc.pid, signal.SIGCONT)
+    agents[0].finish(30)
+    assert not any(c.pids(r) for r in range(3))

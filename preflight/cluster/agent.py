@@ -22,7 +22,7 @@ from preflight.bench.parent import BenchOptions, WorldSpec, run_workers
 from preflight.bench.verdict import judge
 from preflight.checks import CHECKS
 from preflight.cluster import localise, parity
-from preflight.cluster.options import ClusterOptions
+from preflight.cluster.options import ClusterOptions, ClusterUsageError
 from preflight.cluster.store import MasterLost, Rendezvous
 from preflight.context import Context
 from preflight.model import SCHEMA_VERSION, ExitCode, Status, exit_code, worst
@@ -132,12 +132,13 @@ class Agent:
     # ------------------------------------------------------------------ every node
 
     def arrive(self) -> dict[str, Any]:
-        """Register; raises ValueError when another agent already took this node rank."""
+        """Register; ClusterUsageError when another agent already took this node rank."""
         me = self.opts.node_rank
         info = node_facts(self.ctx, self.opts, self.settings)
         if self.store.add(f"claim/{me}", 1) > 1:
-            raise ValueError(f"node rank {me} is taken twice: another agent already registered "
-                             f"as node {me}; give every node its own --node-rank")
+            raise ClusterUsageError(f"node rank {me} is taken twice: another agent already "
+                                    f"registered as node {me}; give every node its own "
+                                    "--node-rank")
         self.store.put("arrive", me, info)
         self.progress("arrived")
         return info

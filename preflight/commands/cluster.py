@@ -136,7 +136,7 @@ def _run(args: argparse.Namespace, opts: Any, ctx: Any) -> int:
         verdict = agent.lead() if me == 0 else agent.follow()
         if me != 0:
             agent.ack()
-    except ValueError as exc:
+    except ClusterUsageError as exc:
         return _fail(f"node {me}: {exc}", ExitCode.USAGE)
     except MasterLost as exc:
         return _fail(f"node {me}: {exc}", ExitCode.UNDECIDED)

@@ -2,8 +2,8 @@
 
 The bridge lives in a hub namespace of its own, so nothing touches the host's network; each node
 namespace holds ``eth0`` (10.77.0.<rank+1>/24) and ``lo``. Agents run as
-``ip netns exec NODE python -c <sethostname + exec preflight cluster>``: a UTS namespace of their
-own (``unshare --uts``), so every node has its own hostname. Names carry the pid and a counter,
+``ip netns exec NODE unshare --uts python -c <sethostname + exec python -m ...>``: a UTS
+namespace each, so every node has its own hostname. Names carry the pid and a counter,
 so concurrent runs never meet; every namespace is deleted, every agent killed at teardown.
 """
 
@@ -34,7 +34,7 @@ needs_root = pytest.mark.skipif(
 
 #: Sets the hostname inside the new UTS namespace, then becomes ``python -m preflight``.
 LAUNCH = ("import os, socket, sys; socket.sethostname(sys.argv[1]); "
-          "os.execv(sys.executable, [sys.executable, '-m', 'preflight', *sys.argv[2:]])")
+          "os.execv(sys.executable, [sys.executable, '-m', *sys.argv[2:]])")
 
 
 def ip(*argv: str) -> None:
@@ -119,12 +119,17 @@ class Cluster:
 
     def start(self, rank: int, *args: str, nnodes: int | None = None, node_rank: int | None = None,
               env: Mapping[str, str] | None = None, timeout_s: float = 6) -> Agent:
+        return self.run(rank, ["preflight", "cluster",
+                               "--nnodes", str(self.n if nnodes is None else nnodes),
+                               "--node-rank", str(rank if node_rank is None else node_rank),
+                               "--master-addr", self.addr(0), "--master-port", str(PORT),
+                               "--timeout", f"{timeout_s:g}", "--json", "--verbose", *args], env)
+
+    def run(self, rank: int, module_args: Sequence[str], env: Mapping[str, str] | None = None
+            ) -> Agent:
+        """``python -m MODULE ARGS`` in node ``rank``'s namespaces, hostname ``node<rank>``."""
         argv = ["ip", "netns", "exec", self.ns(rank), "unshare", "--uts", "--",
-                sys.executable, "-c", LAUNCH, f"node{rank}", "cluster",
-                "--nnodes", str(self.n if nnodes is None else nnodes),
-                "--node-rank", str(rank if node_rank is None else node_rank),
-                "--master-addr", self.addr(0), "--master-port", str(PORT),
-                "--timeout", f"{timeout_s:g}", "--json", "--verbose", *args]
+                sys.executable, "-c", LAUNCH, f"node{rank}", *module_args]
         proc = subprocess.Popen(argv, env=clean_env(env), cwd=REPO, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         agent = Agent(rank, proc)

@@ -113,7 +113,7 @@ def test_different_package_version_is_named(cluster: Any, tmp_path: Path) -> Non
     assert [n["status"] for n in v["nodes"]][1] == "fail"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL])
+@pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["SIGSTOP", "SIGKILL"])
 def test_stopped_or_killed_agent_is_named_and_nothing_is_left(cluster: Any, sig: int) -> None:
     c: Cluster = cluster(3)
     agents = [c.start(r, "--no-bandwidth", timeout_s=5) for r in range(3)]
@@ -176,3 +176,21 @@ def test_stopped_master_is_named_by_the_others_within_the_deadline(cluster: Any)
     os.kill(agents[0].proc.pid, signal.SIGCONT)
     agents[0].finish(30)
     assert not any(c.pids(r) for r in range(3))
+
+
+def test_under_torchrun_the_agents_share_torchruns_store(cluster: Any) -> None:
+    """``torchrun --nproc-per-node 1 -m preflight cluster``: torchrun's own store holds the port
+    (TORCHELASTIC_USE_AGENT_STORE=True); the agents and the world all-reduce join it."""
+    c: Cluster = cluster(2)
+    agents = [c.run(r, ["torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                        "--node-rank", str(r), "--master-addr", c.addr(0), "--master-port",
+                        "29500", "-m", "preflight", "cluster", "--timeout", "10", "--json"])
+              for r in range(2)]
+    results = finish_all(agents, 120)
+    for rc, out, err in results:
+        assert rc == 0, err
+        v = json.loads(out[out.index("{"):])
+        assert v["status"] in ("pass", "warn"), v["findings"]
+        assert [n["host"] for n in v["nodes"]] == ["node0", "node1"]
+        assert v["allreduce"]["world_size"] == 2 and v["allreduce"]["status"] == "pass"
+    assert not any(c.pids(r) for r in range(2))

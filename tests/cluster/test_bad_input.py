@@ -111,3 +111,17 @@ def test_without_torch(tmp_path: Path, port: int) -> None:
                    {"PYTHONPATH": f"{tmp_path}:{REPO}"})
     assert rc == 2
     assert "needs torch.distributed" in line and "pip install" in line
+
+
+def test_node_rank_claimed_twice(port: int) -> None:
+    # Three nodes, of which node 2 never comes: node 0 keeps the store up for the deadline.
+    common = ["--nnodes", "3", "--master-addr", "127.0.0.1", "--master-port", str(port),
+              "--timeout", "10", "--no-bandwidth", "--expect-gpus", "0"]
+    lead = start([*common, "--node-rank", "0"])
+    first = start([*common, "--node-rank", "1", "--verbose"])
+    assert first.stderr is not None
+    assert "arrived" in first.stderr.readline()  # registered before the second one starts
+    rc, line = one([*common, "--node-rank", "1"])
+    assert rc == 2
+    assert "node rank 1 is taken twice" in line and "--node-rank" in line
+    assert finish(lead)[0] == 1 and finish(first)[0] == 1  # node 2 is missing

@@ -13,7 +13,8 @@ parent can kill each worker's whole process group; stdout and stderr go to one l
 
 Rendezvous: rank 0 hosts a TCPStore on 127.0.0.1 port 0 (the OS picks a free port, no race with
 other jobs) and reports the port; the parent writes it to the other ranks' stdin. The port closes
-with rank 0.
+with rank 0. With ``BenchOptions.world`` (``preflight cluster``) this node's workers are a slice
+of a larger world and join the cluster's store instead.
 
 Deadlines within ``timeout_s``: spawn (start + import torch) and init (store + process group +
 communicator) may each take half of it, at most 60 s; each warm-up, measure and verify step of one

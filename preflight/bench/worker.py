@@ -9,6 +9,9 @@ rank that is alive but waiting in a collective for a peer.
 
 Rendezvous: rank 0 hosts a TCPStore on 127.0.0.1 with port 0, so the OS picks a free port (no
 race with other jobs); it reports the port and the parent writes it to the other ranks' stdin.
+Across nodes (``preflight cluster``, ``--store HOST:PORT``): every rank is a client of the
+cluster's store under ``--store-prefix``, ``--rank`` / ``--world-size`` are global and
+``--local-rank`` picks the GPU.
 
 Method (nccl.md section 1): per size, ``warmup`` untimed all-reduces (communicator creation is in
 init, never timed), a barrier, then a host clock around ``iters`` back-to-back all-reduces and one

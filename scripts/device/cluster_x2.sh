@@ -3,7 +3,7 @@
 #  A. two one-GPU "nodes" (CUDA_VISIBLE_DEVICES=0 and =1), NCCL over sockets (P2P and SHM off),
 #     each agent in its own network namespace on a bridge when the machine allows, else both on
 #     127.0.0.1; time to verdict of each agent (target under 10 s), 3 runs;
-#  B. one node of two GPUs;
+#  B. one node of two GPUs (NVLink, 1 GiB, judged against the built-in 2x H200 figure);
 #  C. node 1's agent SIGSTOPped after it arrived: node 0 names it, nothing is left running;
 #  D. a floor no link reaches (--min-busbw 10000): the localisation rounds and their verdict.
 # Everything goes into ONE tar, $OUT/cluster_x2.tar.gz (x2.log + JSON). Under 4 minutes.
@@ -74,7 +74,7 @@ done
 sec "B. one node of two GPUs (NVLink: P2P and SHM allowed again)"
 left B && {
 t=$(date +%s.%N)
-env -u NCCL_P2P_DISABLE -u NCCL_SHM_DISABLE timeout 45 "${P[@]}" cluster --backend nccl --size 64M --timeout 30 --json --nnodes 1 \
+env -u NCCL_P2P_DISABLE -u NCCL_SHM_DISABLE timeout 45 "${P[@]}" cluster --backend nccl --size 1G --timeout 30 --json --nnodes 1 \
   --node-rank 0 --master-addr 127.0.0.1 --master-port $((PORT + 7)) >"$OUT/b.json" 2>"$OUT/b.err"
 echo "B rc=$? wall $(python3 -c "print(round($(date +%s.%N)-$t,2))") s" >>"$LOG"
 summary "$OUT/b.json"; }

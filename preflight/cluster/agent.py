@@ -203,7 +203,9 @@ class Agent:
                        + "; start every agent with the same --nnodes (or the same launcher "
                        "variables)")
             return self._publish(0, v)
-        checks = self._step({"do": "checks", "deadline_s": o.timeout_s,
+        # A check may take its own deadline (check_timeout_s) before the runner gives up on it.
+        checks_s = max(o.timeout_s, self.ctx.config.check_timeout_s + SLACK_S)
+        checks = self._step({"do": "checks", "deadline_s": checks_s,
                              "nproc": {str(r): a["nproc"] for r, a in arrivals.items()}},
                             sorted(arrivals), "node checks")
         v.checks = checks
@@ -219,12 +221,15 @@ class Agent:
 
     def _step(self, step: dict[str, Any], nodes: list[int], what: str) -> dict[int, Any]:
         k = self.k
+        # The deadline runs from the publication, as on the other nodes (who wait for the next
+        # step at most deadline_s + SLACK_S after their own part), not from the end of our part.
+        deadline = self._deadline(float(step["deadline_s"]))
         self.store.set(f"step/{k}", step)
         mine = self._do(k, step, self.nproc) if 0 in nodes else None
         if mine is not None:
             self.store.put(f"res/{k}", 0, mine)
         self.progress(f"gathering {what}")
-        got = self.store.gather(f"res/{k}", nodes, self._deadline(float(step["deadline_s"])))
+        got = self.store.gather(f"res/{k}", nodes, deadline)
         for r, answer in got.items():
             self.peer_ops[r] = max(self.peer_ops.get(r, 0), int(answer.pop("store_ops", 0)))
         self.k += 1

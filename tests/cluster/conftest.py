@@ -47,8 +47,9 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
            if not k.startswith(("NCCL_", "TORCH_", "SLURM_", "PREFLIGHT_", "CUDA_", "GLOO_"))
            and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                          "MASTER_PORT", "GROUP_RANK", "NNODES", "NODE_RANK")}
+    # Short check deadlines: the node-checks phase waits for at least check_timeout_s + 5 s.
     env.update({"PYTHONPATH": str(REPO), "PREFLIGHT_EXPECT_GPUS": "0",
-                "PREFLIGHT_NVML_FIXTURE": "", **(extra or {})})
+                "PREFLIGHT_CHECK_TIMEOUT_S": "3", "PREFLIGHT_NVML_FIXTURE": "", **(extra or {})})
     return env
 
 

@@ -113,3 +113,22 @@ def test_verdict_json_fields() -> None:
         assert key in out
     v.usage = "the nodes disagree"
     assert v.to_json()["exit_code"] == 2
+
+
+@given(st.dictionaries(st.integers(0, 50),
+                       st.dictionaries(st.sampled_from(["torch", "nccl", "mtu"]),
+                                       st.sampled_from(["a", "b", "c"]), max_size=3),
+                       min_size=1, max_size=12))
+def test_parity_differences_are_exactly_the_keys_that_differ(nodes: dict[int, dict[str, str]]
+                                                             ) -> None:
+    diffs = {d["key"]: d for d in parity.compare(nodes)}
+    for key in {k for flat in nodes.values() for k in flat}:
+        values = {r: flat.get(key) for r, flat in nodes.items()}
+        assert (key in diffs) == (len(set(values.values())) > 1)
+        if key in diffs:
+            d = diffs[key]
+            assert d["values"] == {str(r): v for r, v in sorted(values.items())}
+            if d["majority"] is not None:
+                assert all(values[r] != d["majority"] for r in d["odd_nodes"])
+                assert all(v == d["majority"] for r, v in values.items()
+                           if r not in d["odd_nodes"])

@@ -99,4 +99,4 @@ PORT=$((PORT + 13)); agent d-n0 0 0 --min-busbw 10000; agent d-n1 1 1 --min-busb
 summary "$OUT/d-n0.json"; }
 
 echo "total $(( $(date +%s) - T0 )) s" >>"$LOG"
-tar -czf "$FINAL/cluster_x2.tar.gz" -C "$OUT" .
+tar -czf "$FINAL/cluster_x2.tar.gz" -C "$OUT" . && rm -rf "$OUT"

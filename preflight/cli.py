@@ -34,6 +34,7 @@ SUBCOMMAND_MODULES = (
     "preflight.commands.serve",
     "preflight.commands.explain",
     "preflight.commands.prolog",
+    "preflight.commands.cluster",
 )
 
 EPILOG = """\

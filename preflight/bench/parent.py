@@ -14,6 +14,8 @@ parent can kill each worker's whole process group; stdout and stderr go to one l
 Rendezvous: rank 0 publishes what the others need (the torch engine: the port of its TCPStore on
 127.0.0.1, port 0 so the OS picks a free one; the nccl4py engine: the NCCL unique id) and the
 parent writes it to the other ranks' stdin.
+With ``BenchOptions.world`` (``preflight cluster``) this node's workers are a slice of a
+larger world and join the cluster's store instead (torch engine only).
 
 Deadlines within ``timeout_s``: spawn (start + import torch) and init (store + process group +
 communicator) may each take half of it, at most 60 s; each warm-up, measure and verify step of one
@@ -91,6 +93,20 @@ class Deadlines:
 
 
 @dataclass(frozen=True)
+class WorldSpec:
+    """Multi-node only (``preflight cluster``): this node's workers are ranks ``rank_offset`` ..
+    ``rank_offset + nproc - 1`` of a world of ``world_size`` ranks over several nodes, and every
+    rank joins the store the cluster agent already reaches (``store_host:store_port``, keys under
+    ``store_prefix``) instead of a store of rank 0 on 127.0.0.1."""
+
+    store_host: str
+    store_port: int
+    store_prefix: str
+    rank_offset: int
+    world_size: int
+
+
+@dataclass(frozen=True)
 class BenchOptions:
     """What to run. ``labels`` names each rank's device in messages ("GPU 1, 0000:00:07.0")."""
 
@@ -108,6 +124,12 @@ class BenchOptions:
     engine: str = "auto"
     #: nccl4py's buffer: "device" (cuda.core's allocator) or "nccl" (ncclMemAlloc).
     alloc: str = "device"
+    world: WorldSpec | None = None
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the whole collective: ``nproc`` on one node, more with ``world``."""
+        return self.world.world_size if self.world else self.nproc
 
 
 @dataclass
@@ -182,7 +204,7 @@ def _worker_env(opts: BenchOptions) -> dict[str, str]:
     env = dict(os.environ if opts.env is None else opts.env)
     # With CUDA_VISIBLE_DEVICES unset, cuda:r is then NVML index r (nccl.md section 5).
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    if opts.backend == "gloo":
+    if opts.backend == "gloo" and opts.world is None:
         # A local test: keep gloo on loopback even where the hostname resolves elsewhere.
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if opts.debug:
@@ -312,13 +334,17 @@ def _spawn(st: RankState, opts: BenchOptions, *, env: dict[str, str], log_dir: s
     # Run as a script, not `-m preflight.bench.worker`: the worker needs only the standard library
     # and torch, so it also runs under the training environment's interpreter (config `python`),
     # which need not have preflight's own dependencies.
-    argv = [opts.python, str(WORKER_SCRIPT), "--rank", str(st.rank),
-            "--world-size", str(opts.nproc), "--backend", opts.backend,
+    w = opts.world
+    argv = [opts.python, str(WORKER_SCRIPT), "--rank", str(st.rank + (w.rank_offset if w else 0)),
+            "--world-size", str(opts.world_size), "--backend", opts.backend,
             "--sizes", ",".join(str(s) for s in opts.sizes), "--iters", str(opts.iters),
             "--warmup", str(opts.warmup), "--progress-fd", str(write_fd),
             "--engine", opts.engine, "--alloc", opts.alloc, "--parent-pid", str(os.getpid()),
             # torch's own deadline is a backstop behind the parent's, so the parent names the rank.
             "--timeout-s", f"{opts.timeout_s + 30:g}"]
+    if w is not None:
+        argv += ["--local-rank", str(st.rank), "--store", f"{w.store_host}:{w.store_port}",
+                 "--store-prefix", w.store_prefix]
     log = open(Path(log_dir) / f"rank{st.rank}.log", "wb")  # noqa: SIM115 - closed by the caller
     logs.append(log)
     st.spawned_wall = time.time()

@@ -111,12 +111,12 @@ class BenchResult:
 def rows_of(record: RunRecord) -> list[Row]:
     """Sizes every rank measured, time averaged over ranks, correctness from every rank."""
     rows = []
-    n = record.options.nproc
+    n = record.options.world_size
     for size in record.options.sizes:
         times = [st.times.get(size) for st in record.ranks]
         if any(t is None or t <= 0 for t in times):
             break
-        t = sum(x for x in times if x) / n
+        t = sum(x for x in times if x) / len(times)
         checks = [st.verified.get(size) for st in record.ranks]
         correct = None if any(c is None for c in checks) else all(bool(c and c.get("ok"))
                                                                   for c in checks)
@@ -176,7 +176,7 @@ def judge(record: RunRecord, *, gpus: Sequence[Gpu] = (),
                        for p in sorted(Path(record.log_dir).glob("rank*.log")))
         nccl_info = summarize(text) if opts.backend == "nccl" else None
     base: dict[str, Any] = dict(
-        backend=opts.backend, world_size=opts.nproc, devices=devices, rows=tuple(rows),
+        backend=opts.backend, world_size=opts.world_size, devices=devices, rows=tuple(rows),
         store_port=record.store_port, pids=tuple(st.pid for st in record.ranks if st.pid),
         debug_log=debug_log, nccl=nccl_info.to_json() if nccl_info else None,
         elapsed_s=record.elapsed_s, notes=tuple(notes), **_run_facts(record))
@@ -234,7 +234,7 @@ def judge(record: RunRecord, *, gpus: Sequence[Gpu] = (),
     busbw = last.busbw_gbps
     link = method.link_bandwidth(gpus) if opts.backend == "nccl" else None
     eff = method.link_efficiency(busbw, link)
-    at = f"busbw {busbw:.2f} GB/s at {fmt_bytes(last.size_bytes)} over {opts.nproc} ranks"
+    at = f"busbw {busbw:.2f} GB/s at {fmt_bytes(last.size_bytes)} over {opts.world_size} ranks"
     link_text = (f"; link efficiency {eff:.2f} of {link.basis}" if link and eff is not None
                  else f"; link efficiency not shown: busbw is above the link figure {link.basis}"
                       f", so NVML's link figures are wrong" if link

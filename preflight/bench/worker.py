@@ -18,6 +18,10 @@ Two engines (``--engine``, docs/bandwidth.md):
 
 ``auto`` takes nccl4py when the interpreter can import it, else torch; gloo is always torch.
 
+Across nodes (``preflight cluster``, ``--store HOST:PORT``): the torch engine only; every rank
+is a client of the cluster's store under ``--store-prefix``, ``--rank`` / ``--world-size``
+are global and ``--local-rank`` picks the GPU.
+
 Method (nccl.md section 1): per size, ``warmup`` untimed all-reduces (communicator creation is in
 init, never timed), a barrier, then ``iters`` back-to-back all-reduces timed by CUDA events
 recorded on the stream before and after them (as nccl-tests does: the GPU's time, not the host's
@@ -112,6 +116,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--parent-pid", type=int, default=0)
     p.add_argument("--timeout-s", type=float, default=60.0,
                    help="deadline of the store and of each collective inside torch")
+    # Multi-node (preflight cluster): --rank/--world-size are global, the device is --local-rank,
+    # and every rank is a client of the cluster agent's store (no port through stdin).
+    p.add_argument("--local-rank", type=int, default=None, help="device index (default --rank)")
+    p.add_argument("--store", metavar="HOST:PORT", default=None,
+                   help="join this TCPStore as a client instead of rank 0 hosting one")
+    p.add_argument("--store-prefix", default="", help="key prefix inside --store")
     return p.parse_args(argv)
 
 
@@ -129,7 +139,8 @@ def _read_rendezvous(key: str, timeout_s: float) -> Any:
 
 
 def _pick_engine(args: argparse.Namespace) -> str:
-    if args.backend == "gloo" or args.engine == "torch":
+    # Across nodes the ranks meet in the cluster's TCPStore: torch.distributed's engine.
+    if args.backend == "gloo" or args.engine == "torch" or args.store:
         return "torch"
     if args.engine == "nccl4py":
         return "nccl4py"
@@ -200,7 +211,11 @@ def _run_torch(args: argparse.Namespace, progress: Progress, sizes: list[int],
                   nccl=_torch_nccl_version(torch, device))
     progress.send("phase", phase="init")
     timeout = datetime.timedelta(seconds=args.timeout_s)
-    if args.rank == 0:
+    if args.store:
+        host, _, port_text = args.store.rpartition(":")
+        store = dist.PrefixStore(args.store_prefix,  # type: ignore[attr-defined]
+                                 tcp_store(host, int(port_text), None, False, timeout=timeout))
+    elif args.rank == 0:
         store = _loopback_store(tcp_store, args.world_size, timeout)
         progress.send("store", port=int(store.port))
     else:
@@ -265,12 +280,13 @@ def _torch_nccl_version(torch: Any, device: Any) -> str | None:
 def _device(torch: Any, args: argparse.Namespace) -> Any:
     if args.backend != "nccl":
         return torch.device("cpu")
+    index = args.rank if args.local_rank is None else args.local_rank
     count = torch.cuda.device_count()
-    if args.rank >= count:
-        raise RuntimeError(f"rank {args.rank} needs cuda:{args.rank} but CUDA sees {count} GPU(s)")
-    torch.cuda.set_device(args.rank)
+    if index >= count:
+        raise RuntimeError(f"rank {args.rank} needs cuda:{index} but CUDA sees {count} GPU(s)")
+    torch.cuda.set_device(index)
     torch.cuda.init()
-    return torch.device("cuda", args.rank)
+    return torch.device("cuda", index)
 
 
 def _bus_id(torch: Any, device: Any) -> str | None:

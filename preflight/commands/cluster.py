@@ -1,0 +1,154 @@
+"""``preflight cluster``: one agent per node; every node prints the same verdict, exits the same.
+
+Exit codes as ``check``: 0 ok, 1 a node or the network failed, 2 usage error (bad options, the
+master does not resolve, the port is taken, the nodes disagree on --nnodes), 3 undecided (the
+master stopped answering, torch missing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from preflight.cli import Formatter, add_config_options, build_context
+from preflight.core.result import ExitCode
+
+
+def _size(text: str) -> int:
+    from preflight.bench.method import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "cluster", formatter_class=Formatter,
+        help="one verdict for all nodes of a job: arrival, node checks, parity, world "
+             "all-reduce, which node is slow",
+        description="Run one agent per node (srun --ntasks-per-node=1, torchrun --nproc-per-node "
+                    "1, or an init container per pod). The agents meet on a TCPStore at the "
+                    "master, run the node checks, compare versions and node facts, time an "
+                    "all-reduce over every GPU of every node and, when it is slow, find the "
+                    "slow node in three rounds. See docs/cluster.md.",
+        epilog="exit codes: 0 ok, 1 a node or the network failed, 2 usage error, 3 undecided")
+    p.add_argument("--nnodes", type=int, metavar="N",
+                   help="nodes in the job (default NNODES / GROUP_WORLD_SIZE / SLURM_NNODES)")
+    p.add_argument("--node-rank", type=int, metavar="R",
+                   help="this node's rank (default NODE_RANK / GROUP_RANK / SLURM_NODEID)")
+    p.add_argument("--master-addr", metavar="HOST",
+                   help="node 0's address (default MASTER_ADDR, else the first host of "
+                        "SLURM_JOB_NODELIST)")
+    p.add_argument("--master-port", type=int, metavar="P",
+                   help="the store's port on node 0 (default MASTER_PORT, else 29500)")
+    p.add_argument("--nproc-per-node", type=int, metavar="G",
+                   help="ranks per node (default: the visible GPUs with nccl, 1 with gloo)")
+    p.add_argument("--backend", choices=("nccl", "gloo"),
+                   help="nccl on GPUs (default when NVML sees GPUs), gloo on CPU")
+    p.add_argument("--timeout", type=float, metavar="S",
+                   help="deadline of each phase in seconds (default 60)")
+    p.add_argument("--min-busbw", type=float, metavar="GBPS",
+                   help="busbw floor in GB/s for the world all-reduce and the node pairs "
+                        "(default: min_busbw_gbps; without one, pairs are judged against the "
+                        "median pair)")
+    p.add_argument("--size", type=_size, metavar="B",
+                   help="all-reduce size (default 256M with nccl, 1M with gloo)")
+    p.add_argument("--no-bandwidth", action="store_true",
+                   help="arrival, node checks and parity only")
+    p.add_argument("--expect-gpus", type=int, metavar="N",
+                   help="GPUs each node must show (0 = CPU-only nodes), as in preflight check")
+    p.add_argument("--python", metavar="PATH",
+                   help="the training environment's interpreter (fingerprint and workers)")
+    p.add_argument("--json", action="store_true", help="print the JSON verdict")
+    p.add_argument("--verbose", action="store_true",
+                   help="every node prints the full table (default: node 0 only) and the "
+                        "phases on stderr")
+    add_config_options(p)
+    p.set_defaults(func=run)
+
+
+def _fail(message: str, code: ExitCode) -> int:
+    print(f"preflight cluster: {message}", file=sys.stderr)
+    return int(code)
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    from preflight.cluster.options import ClusterUsageError, resolve
+    from preflight.cluster.store import torch_missing
+
+    try:
+        opts = resolve(nnodes=args.nnodes, node_rank=args.node_rank,
+                       master_addr=args.master_addr, master_port=args.master_port,
+                       timeout_s=args.timeout, env=os.environ)
+    except ClusterUsageError as exc:
+        return _fail(str(exc), ExitCode.USAGE)
+    if args.nproc_per_node is not None and args.nproc_per_node < 1:
+        return _fail(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}", ExitCode.USAGE)
+    why = torch_missing()
+    if why:
+        return _fail(f"needs torch.distributed for the rendezvous ({why}); install it next to "
+                     "preflight: pip install 'cluster-preflight[torch]'", ExitCode.USAGE)
+    ctx = build_context(args, {"expect_gpus": args.expect_gpus, "python": args.python,
+                               "min_busbw_gbps": args.min_busbw, "multi_node": opts.nnodes > 1})
+    return _run(args, opts, ctx)
+
+
+def _run(args: argparse.Namespace, opts: Any, ctx: Any) -> int:
+    from preflight.bench import visible_gpus
+    from preflight.cluster.agent import Agent, RunSettings
+    from preflight.cluster.options import ClusterUsageError
+    from preflight.cluster.store import MasterLost, Rendezvous
+    from preflight.cluster.verdict import render
+
+    _, visible, nvml_error = visible_gpus(ctx)
+    backend = args.backend or ("nccl" if not nvml_error and visible else "gloo")
+    nproc = args.nproc_per_node or (visible if backend == "nccl" else 1)
+    if backend == "nccl" and nproc > visible:
+        return _fail(f"--nproc-per-node {nproc} with nccl but this node shows {visible} GPU(s)",
+                     ExitCode.USAGE)
+    size = args.size or ((256 << 20) if backend == "nccl" else (1 << 20))
+    settings = RunSettings(backend=backend, nproc=nproc, size_bytes=size,
+                           min_busbw_gbps=ctx.config.min_busbw_gbps,
+                           bandwidth=not args.no_bandwidth,
+                           bench_timeout_s=min(ctx.config.bench_timeout_s, 2 * opts.timeout_s),
+                           python=ctx.config.python or sys.executable)
+    me = opts.node_rank
+
+    def progress(text: str) -> None:
+        if args.verbose:
+            print(f"preflight cluster: node {me}: {text}", file=sys.stderr, flush=True)
+
+    try:
+        store = Rendezvous.open(opts)
+    except ClusterUsageError as exc:
+        return _fail(str(exc), ExitCode.USAGE)
+    except MasterLost as exc:
+        return _fail(f"node {me}: {exc}", ExitCode.UNDECIDED)
+    agent = Agent(ctx, opts, settings, store, progress=progress)
+    try:
+        verdict = agent.lead() if me == 0 else agent.follow()
+        if me != 0:
+            agent.ack()
+    except ClusterUsageError as exc:
+        return _fail(f"node {me}: {exc}", ExitCode.USAGE)
+    except MasterLost as exc:
+        return _fail(f"node {me}: {exc}", ExitCode.UNDECIDED)
+    except Exception as exc:  # a bug must not leave a traceback instead of a verdict
+        logging.getLogger(__name__).debug("cluster agent crashed", exc_info=True)
+        return _fail(f"node {me}: could not decide: {type(exc).__name__}: {exc}; rerun with "
+                     "--log-level debug and report the traceback", ExitCode.UNDECIDED)
+    finally:
+        store.close()
+    if args.json:
+        json.dump(verdict, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render(verdict, full=me == 0 or args.verbose, node_rank=me) + "\n")
+    return int(verdict["exit_code"])

@@ -1,0 +1,196 @@
+"""``preflight cluster`` across real network namespaces (a bridge, a veth per node, gloo on CPU).
+
+What an operator checks: every node prints the same verdict and exits with the same code; a node
+that is missing, slow, different or stopped is named by its node rank; nothing is left running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster.conftest import Cluster, finish_all, needs_root
+
+pytestmark = [needs_root, pytest.mark.root, pytest.mark.slow]
+
+
+def verdicts(results: list[tuple[int, str, str]]) -> list[dict[str, Any]]:
+    out = []
+    for rc, stdout, stderr in results:
+        assert "Traceback" not in stderr, stderr
+        v = json.loads(stdout)
+        assert v["exit_code"] == rc, (rc, v["findings"])
+        out.append(v)
+    return out
+
+
+def same(vs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every node printed node 0's verdict."""
+    keys = ("status", "missing_nodes", "slow_nodes", "unresponsive_nodes", "parity", "findings")
+    for v in vs[1:]:
+        assert {k: v[k] for k in keys} == {k: vs[0][k] for k in keys}
+    return vs[0]
+
+
+def test_healthy_nodes_agree(cluster: Any) -> None:
+    c: Cluster = cluster(3)
+    agents = [c.start(r) for r in range(3)]
+    results = finish_all(agents, 90)
+    v = same(verdicts(results))
+    assert [rc for rc, _, _ in results] == [0, 0, 0], v["findings"]
+    assert v["status"] in ("pass", "warn")
+    assert sorted(n["host"] for n in v["nodes"]) == ["node0", "node1", "node2"]
+    assert [n["addr"] for n in v["nodes"]] == [c.addr(r) for r in range(3)]
+    assert v["missing_nodes"] == [] and v["slow_nodes"] == []
+    assert v["parity"] == {"status": "pass", "differences": []}
+    ar = v["allreduce"]
+    assert (ar["world_size"], ar["backend"], ar["status"]) == (3, "gloo", "pass")
+    assert ar["rows"][0]["correct"] is True and ar["busbw_gbps"] > 0
+    assert not any(c.pids(r) for r in range(3))
+    assert not c.port_bound(0)
+
+
+def test_node_that_never_starts_is_named_within_the_deadline(cluster: Any) -> None:
+    c: Cluster = cluster(3)
+    t0 = time.monotonic()
+    agents = [c.start(r, "--no-bandwidth", timeout_s=4) for r in (0, 1)]
+    results = finish_all(agents, 60)
+    elapsed = time.monotonic() - t0
+    v = same(verdicts(results))
+    assert [rc for rc, _, _ in results] == [1, 1]
+    assert v["missing_nodes"] == [2]
+    assert v["findings"][0]["reason"] == "NodesMissing"
+    assert "node rank(s) 2" in v["findings"][0]["message"]
+    assert elapsed < 4 + 25, elapsed  # the arrival deadline, plus start-up on a loaded machine
+
+
+def test_slow_link_is_named(cluster: Any) -> None:
+    c: Cluster = cluster(4)
+    c.slow(2)
+    agents = [c.start(r, "--min-busbw", "0.01", "--size", "1M", timeout_s=20) for r in range(4)]
+    results = finish_all(agents, 240)
+    v = same(verdicts(results))
+    assert [rc for rc, _, _ in results] == [1, 1, 1, 1], v["findings"]
+    assert v["slow_nodes"] == [2], v["localisation"]
+    assert v["allreduce"]["reason"] == "BusbwLow"
+    rounds = {r["round"]: r for r in v["localisation"]["rounds"]}
+    assert set(rounds) == {"pairs", "suspects"}  # one CPU rank per node: no intra round
+    pair = {tuple(g["nodes"]): g for g in rounds["pairs"]["groups"]}
+    assert pair[(2, 3)]["busbw_gbps"] < 0.01 <= pair[(0, 1)]["busbw_gbps"]
+    suspects = {tuple(g["nodes"]): g["status"] for g in rounds["suspects"]["groups"]}
+    assert suspects[(2, 0)] == "fail" and suspects[(3, 1)] == "pass"
+    assert "node 2 (node2) is slow" in json.dumps(v["findings"])
+
+
+def test_different_package_version_is_named(cluster: Any, tmp_path: Path) -> None:
+    c: Cluster = cluster(3)
+    for version in ("1.0", "2.0"):
+        meta = tmp_path / version / f"fakepkg-{version}.dist-info"
+        meta.mkdir(parents=True)
+        (meta / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: fakepkg\nVersion: {version}\n")
+    repo = os.environ.get("PYTHONPATH", "")
+    agents = [c.start(r, "--no-bandwidth", env={
+        "PREFLIGHT_WATCHED_PACKAGES": "torch,fakepkg",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(Path(__file__).parents[2]),
+                                                  str(tmp_path / ("2.0" if r == 1 else "1.0")),
+                                                  repo) if p)}) for r in range(3)]
+    results = finish_all(agents, 60)
+    v = same(verdicts(results))
+    assert [rc for rc, _, _ in results] == [1, 1, 1]
+    diffs = {d["key"]: d for d in v["parity"]["differences"]}
+    assert diffs["package:fakepkg"] == {"key": "package:fakepkg",
+                                        "values": {"0": "1.0", "1": "2.0", "2": "1.0"},
+                                        "majority": "1.0", "odd_nodes": [1]}
+    assert "package:fakepkg differs: 1.0 on nodes 0, 2 (majority); 2.0 on node 1" in \
+        json.dumps(v["findings"])
+    assert [n["status"] for n in v["nodes"]][1] == "fail"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["SIGSTOP", "SIGKILL"])
+def test_stopped_or_killed_agent_is_named_and_nothing_is_left(cluster: Any, sig: int) -> None:
+    c: Cluster = cluster(3)
+    agents = [c.start(r, "--no-bandwidth", timeout_s=5) for r in range(3)]
+    agents[2].wait_stderr("arrived")
+    os.kill(agents[2].proc.pid, sig)
+    results = finish_all(agents[:2], 60)
+    v = same(verdicts(results))
+    assert [rc for rc, _, _ in results] == [1, 1]
+    assert v["unresponsive_nodes"] == [{"node_rank": 2, "phase": "node checks"}]
+    assert "node 2 (node2) arrived but did not answer in node checks" in json.dumps(v["findings"])
+    assert not c.port_bound(0)
+    if sig == signal.SIGSTOP:
+        # Woken up after the others left: it finds the master gone and exits on its own.
+        os.kill(agents[2].proc.pid, signal.SIGCONT)
+        rc, _, err = agents[2].finish(30)
+        assert rc == 3, err
+        assert "node 2:" in err and "Traceback" not in err
+    else:
+        assert agents[2].proc.wait(5) == -signal.SIGKILL
+    assert not any(c.pids(r) for r in range(3))
+
+
+def test_stalled_rank_is_named_with_its_node_and_device(cluster: Any) -> None:
+    c: Cluster = cluster(3)
+    agents = [c.start(r, timeout_s=6) for r in range(3)]
+    agents[1].wait_stderr("all-reduce world")
+    agent_pid = str(agents[1].proc.pid)
+    worker = None
+    for _ in range(100):
+        others = [p for p in c.pids(1) if p != agent_pid]
+        if others:
+            worker = int(others[0])
+            break
+        time.sleep(0.05)
+    assert worker is not None, "node 1 started no worker"
+    os.kill(worker, signal.SIGSTOP)
+    results = finish_all(agents, 120)
+    v = same(verdicts(results))
+    assert [rc for rc, _, _ in results] == [1, 1, 1], v["findings"]
+    world = v["allreduce"]
+    assert world["status"] == "fail" and world["ok"] is False
+    assert world["message"].startswith("node 1: rank 0 (node 1 CPU 0)"), world["message"]
+    assert "stopped by a signal" in world["message"]
+    assert not any(c.pids(r) for r in range(3))  # the stopped worker was killed by its agent
+
+
+def test_stopped_master_is_named_by_the_others_within_the_deadline(cluster: Any) -> None:
+    c: Cluster = cluster(3)
+    agents = [c.start(r, "--no-bandwidth", timeout_s=4) for r in range(3)]
+    agents[0].wait_stderr("gathering node checks")
+    os.kill(agents[0].proc.pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    for a in agents[1:]:
+        rc, out, err = a.finish(60)
+        assert rc == 3, err
+        assert out == "" and "Traceback" not in err
+        assert f"node {a.rank}: " in err, err
+        assert "the master 10.77.0.1:29500" in err or "node 0 (10.77.0.1:29500)" in err, err
+    assert time.monotonic() - t0 < 4 + 5 + 4 + 15  # step deadline + slack + one store timeout
+    os.kill(agents[0].proc.pid, signal.SIGCONT)
+    agents[0].finish(30)
+    assert not any(c.pids(r) for r in range(3))
+
+
+def test_under_torchrun_the_agents_share_torchruns_store(cluster: Any) -> None:
+    """``torchrun --nproc-per-node 1 -m preflight cluster``: torchrun's own store holds the port
+    (TORCHELASTIC_USE_AGENT_STORE=True); the agents and the world all-reduce join it."""
+    c: Cluster = cluster(2)
+    agents = [c.run(r, ["torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                        "--node-rank", str(r), "--master-addr", c.addr(0), "--master-port",
+                        "29500", "-m", "preflight", "cluster", "--timeout", "10", "--json"])
+              for r in range(2)]
+    results = finish_all(agents, 120)
+    for rc, out, err in results:
+        assert rc == 0, err
+        v = json.loads(out[out.index("{"):])
+        assert v["status"] in ("pass", "warn"), v["findings"]
+        assert [n["host"] for n in v["nodes"]] == ["node0", "node1"]
+        assert v["allreduce"]["world_size"] == 2 and v["allreduce"]["status"] == "pass"
+    assert not any(c.pids(r) for r in range(2))

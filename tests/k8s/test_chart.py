@@ -128,8 +128,8 @@ def test_dashboard_configmap_is_the_deploy_dashboard_itself() -> None:
     link = CHART / "files" / "preflight-dashboard.json"
     assert link.is_symlink()
     assert link.resolve() == DASHBOARD.resolve()
-    cm = [d for d in objects(render({"dashboard": {"enabled": True}}))
-          if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")][0]
+    (cm,) = [d for d in objects(render({"dashboard": {"enabled": True}}))
+             if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")]
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(cm["data"]["preflight-dashboard.json"]) == json.loads(DASHBOARD.read_text())
 

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,14 @@ needs_builder = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("buildah") or not shutil.which("debootstrap"),
     reason="the image build needs root, buildah and debootstrap (apt-get install buildah "
            "debootstrap; scripts/test.sh does it in CI)")
+
+
+def builder(test: Callable[..., None]) -> Callable[..., None]:
+    """Root, buildah, debootstrap; the first test also waits for the build (minutes)."""
+    for mark in (needs_builder, pytest.mark.root, pytest.mark.slow,
+                 pytest.mark.timeout(BUILD_TIMEOUT_S + 120)):
+        test = mark(test)
+    return test
 
 
 @dataclass(frozen=True)
@@ -113,9 +121,7 @@ def test_hadolint_does_flag_a_bad_dockerfile(tmp_path: Path) -> None:
     assert "DL3006" in proc.stdout and "DL3013" in proc.stdout
 
 
-@needs_builder
-@pytest.mark.root
-@pytest.mark.slow
+@builder
 def test_version_user_entrypoint_and_nvidia_variables(image: Image) -> None:
     proc = image.run(["preflight", "--version"])
     assert proc.returncode == 0, proc.stderr
@@ -132,18 +138,14 @@ def test_version_user_entrypoint_and_nvidia_variables(image: Image) -> None:
     assert labels["org.opencontainers.image.title"] == "cluster-preflight"
 
 
-@needs_builder
-@pytest.mark.root
-@pytest.mark.slow
+@builder
 def test_node_image_has_no_torch(image: Image) -> None:
     proc = image.run(["python3", "-c", "import importlib.util as u; "
                                        "print(u.find_spec('torch') is None)"])
     assert proc.stdout.strip() == "True", proc.stdout + proc.stderr
 
 
-@needs_builder
-@pytest.mark.root
-@pytest.mark.slow
+@builder
 def test_check_in_the_image_on_a_replayed_h200(image: Image, tmp_path: Path) -> None:
     """The real H200 snapshot: GPUs pass; a lost GPU on a replayed 8x H100 node exits 1."""
     proc = image.run(["preflight", "check", "--json", "--no-bandwidth"],
@@ -165,9 +167,7 @@ def test_check_in_the_image_on_a_replayed_h200(image: Image, tmp_path: Path) -> 
     assert json.loads(proc.stdout)["results"][0]["reason"] == "GpuLost"
 
 
-@needs_builder
-@pytest.mark.root
-@pytest.mark.slow
+@builder
 def test_serve_in_the_image_answers_metrics(image: Image) -> None:
     argv = image.run_argv(["preflight", "serve", "--listen", "127.0.0.1:0", "--interval", "5"],
                           env={"PREFLIGHT_NVML_FIXTURE": "/fixture.json"},
@@ -210,9 +210,7 @@ def test_serve_in_the_image_answers_metrics(image: Image) -> None:
         os.killpg(proc.pid, 0)  # nothing of the group is left running
 
 
-@needs_builder
-@pytest.mark.root
-@pytest.mark.slow
+@builder
 def test_build_times_and_size_are_reported(image: Image) -> None:
     """scripts/image.sh says what each step took (docs/kubernetes.md quotes it)."""
     for step in ("base rootfs", "base import", "build of target node"):

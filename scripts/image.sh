@@ -3,7 +3,9 @@
 #   1. a Debian bookworm base with python3 made by debootstrap (minbase), imported with buildah;
 #   2. `buildah bud` of the Dockerfile on it (chroot isolation, vfs storage: no kernel overlay,
 #      no cgroups needed), the host's CA bundle and resolv.conf bind-mounted so pip reaches PyPI.
-# Usage: scripts/image.sh STORAGE_DIR [TARGET] [TAG]    (TARGET node by default)
+# Usage: scripts/image.sh STORAGE_DIR [TARGET] [TAG] [BUD_OPTION...]   (TARGET node by default)
+#   e.g. scripts/image.sh /var/tmp/img full localhost/cluster-preflight:full \
+#          --build-arg TORCH_SPEC=torch==2.11.0 --build-arg TORCH_INDEX_URL=.../whl/cu130
 # Everything lives under STORAGE_DIR (buildah storage, the base rootfs tar), so a caller can
 # throw it away with rm -rf; BASE_TAR=FILE reuses a base tar made earlier.
 # Prints the seconds each step took on stderr; the image is localhost/cluster-preflight:TARGET.
@@ -13,6 +15,7 @@ cd "$(dirname "$0")/.."
 dir=${1:?usage: scripts/image.sh STORAGE_DIR [TARGET] [TAG]}
 target=${2:-node}
 tag=${3:-localhost/cluster-preflight:$target}
+shift $(($# < 3 ? $# : 3))
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 b=(buildah --root "$dir/storage" --runroot "$dir/run" --storage-driver vfs)
@@ -41,6 +44,6 @@ t2=$SECONDS
   --build-arg BASE=localhost/preflight-base:bookworm --target "$target" \
   -v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro \
   -v /etc/resolv.conf:/etc/resolv.conf:ro \
-  -t "$tag" -f Dockerfile . >/dev/null
+  "$@" -t "$tag" -f Dockerfile . >/dev/null
 echo "image.sh: build of target $target $((SECONDS - t2)) s" >&2
 "${b[@]}" images --format '{{.Name}}:{{.Tag}} {{.Size}}' "$tag"

@@ -218,3 +218,24 @@ def test_build_times_and_size_are_reported(image: Image) -> None:
     size = re.search(rf"{re.escape(image.tag)}\s+([\d.]+) MB", image.build_log)
     assert size is not None, image.build_log
     assert float(size.group(1)) < 400, "the node image is meant to be small (no torch)"
+
+
+@builder
+def test_full_target_installs_the_engine_the_build_args_choose(image: Image) -> None:
+    """The `full` target's plumbing, without torch's GBs: TORCH_SPEC / TORCH_INDEX_URL name a
+    small pinned package instead, which must end up importable next to preflight, on top of the
+    node image (same user, same entrypoint). docs/kubernetes.md: CI never builds the real one."""
+    tag = f"localhost/cluster-preflight:full-test-{os.getpid()}"
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "image.sh"), str(image.storage), "full",
+                           tag, "--build-arg", "TORCH_SPEC=six==1.17.0", "--build-arg",
+                           "TORCH_INDEX_URL=https://pypi.org/simple"],
+                          capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
+    assert proc.returncode == 0, f"full build failed:\n{proc.stdout}\n{proc.stderr}"
+    ctr = subprocess.run([*image.buildah(), "from", "--quiet", tag], capture_output=True,
+                         text=True, timeout=120, check=True).stdout.strip()
+    full = Image(image.storage, tag, ctr, proc.stderr)
+    run = full.run(["python3", "-c", "import six, preflight; print(six.__version__)"])
+    assert run.returncode == 0 and run.stdout.strip() == "1.17.0", run.stdout + run.stderr
+    assert full.run(["preflight", "--version"]).stdout.strip() == f"preflight {__version__}"
+    config = full.inspect()["OCIv1"]["config"]
+    assert config["User"] == "65532:65532" and config["Entrypoint"] == ["preflight"]

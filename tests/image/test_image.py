@@ -23,7 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
 import pytest
+from packaging.requirements import Requirement  # pytest's own dependency
 
 from preflight import __version__
 from preflight.model import ExitCode
@@ -239,3 +245,21 @@ def test_full_target_installs_the_engine_the_build_args_choose(image: Image) -> 
     assert full.run(["preflight", "--version"]).stdout.strip() == f"preflight {__version__}"
     config = full.inspect()["OCIv1"]["config"]
     assert config["User"] == "65532:65532" and config["Entrypoint"] == ["preflight"]
+
+
+def test_the_image_pins_every_runtime_dependency_within_its_bounds() -> None:
+    """deploy/image/requirements-node.txt: one exact version per dependency of pyproject.toml
+    (those whose marker holds on the image's python), each inside pyproject's bound."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pins = {}
+    for line in (REPO / "deploy" / "image" / "requirements-node.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            req = Requirement(line)
+            (spec,) = req.specifier
+            assert spec.operator == "==", f"{line}: pin an exact version"
+            pins[req.name.lower()] = spec.version
+    for dep in map(Requirement, project["dependencies"]):
+        if dep.marker is not None and not dep.marker.evaluate({"python_version": "3.11"}):
+            continue
+        assert dep.name.lower() in pins, f"{dep.name} is not pinned for the image"
+        assert dep.specifier.contains(pins[dep.name.lower()]), (dep, pins[dep.name.lower()])

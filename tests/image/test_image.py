@@ -75,7 +75,8 @@ class Image:
                  mounts: tuple[tuple[Path, str], ...] = ()) -> list[str]:
         opts: list[str] = []
         for host, inside in mounts:
-            opts += ["-v", f"{host}:{inside}:ro"]
+            # read-only unless the mount point says ":rw"
+            opts += ["-v", f"{host}:{inside}" if inside.endswith(":rw") else f"{host}:{inside}:ro"]
         for key, value in (env or {}).items():
             opts += ["--env", f"{key}={value}"]
         return [*self.buildah(), "run", "--isolation", "chroot", *opts, self.container, "--",
@@ -105,6 +106,48 @@ def image() -> Iterator[Image]:
     finally:
         subprocess.run([*b, "rm", "--all"], capture_output=True, timeout=120, check=False)
         shutil.rmtree(storage, ignore_errors=True)
+
+
+def serve_until_a_run(argv: list[str]) -> tuple[str, dict[str, Any]]:
+    """Start `preflight serve` (ARGV, listening on 127.0.0.1:0), read /metrics until a check run
+    finished, stop the whole process group and prove nothing of it is left; the metrics text and
+    the /report JSON."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 60
+        port = None
+        seen = []
+        while port is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line and proc.poll() is not None:
+                break
+            seen.append(line)
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+            port = int(m.group(1)) if m else None
+        assert port is not None, f"serve did not say where it listens: {''.join(seen)}"
+        text = ""
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                assert r.status == 200
+                text = r.read().decode()
+            if re.search(r"^preflight_runs_total [1-9]", text, re.M):
+                break
+            time.sleep(0.5)
+        assert re.search(r"^preflight_runs_total [1-9]", text, re.M), text
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/report", timeout=10) as r:
+            report: dict[str, Any] = json.loads(r.read())
+        return text, report
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        with pytest.raises(ProcessLookupError):
+            os.killpg(proc.pid, 0)  # nothing of the group is left running
 
 
 def test_dockerfile_is_hadolint_clean() -> None:
@@ -178,42 +221,10 @@ def test_serve_in_the_image_answers_metrics(image: Image) -> None:
     argv = image.run_argv(["preflight", "serve", "--listen", "127.0.0.1:0", "--interval", "5"],
                           env={"PREFLIGHT_NVML_FIXTURE": "/fixture.json"},
                           mounts=((H200_SNAPSHOT, "/fixture.json"),))
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        assert proc.stderr is not None
-        deadline = time.monotonic() + 60
-        port = None
-        seen = []
-        while port is None and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line and proc.poll() is not None:
-                break
-            seen.append(line)
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-            port = int(m.group(1)) if m else None
-        assert port is not None, f"serve did not say where it listens: {''.join(seen)}"
-        text = ""
-        while time.monotonic() < deadline:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-                assert r.status == 200
-                text = r.read().decode()
-            if re.search(r"^preflight_runs_total [1-9]", text, re.M):
-                break
-            time.sleep(0.5)
-        assert f'preflight_build_info{{version="{__version__}"}} 1.0' in text
-        # the check child ran inside the image and judged the replayed H200
-        assert re.search(r"^preflight_runs_total [1-9]", text, re.M), text
-        assert 'preflight_check_status{check="gpu_visible",status="pass"} 1.0' in text
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-    with pytest.raises(ProcessLookupError):
-        os.killpg(proc.pid, 0)  # nothing of the group is left running
+    text, _ = serve_until_a_run(argv)
+    assert f'preflight_build_info{{version="{__version__}"}} 1.0' in text
+    # the check child ran inside the image and judged the replayed H200
+    assert 'preflight_check_status{check="gpu_visible",status="pass"} 1.0' in text
 
 
 @builder
@@ -263,3 +274,43 @@ def test_the_image_pins_every_runtime_dependency_within_its_bounds() -> None:
             continue
         assert dep.name.lower() in pins, f"{dep.name} is not pinned for the image"
         assert dep.specifier.contains(pins[dep.name.lower()]), (dep, pins[dep.name.lower()])
+
+
+@builder
+def test_the_charts_daemonset_command_runs_in_the_image(image: Image, tmp_path: Path) -> None:
+    """The DaemonSet's container args and ConfigMap as Helm renders them, run in the built image
+    with the node's /sys and a /dev/shm mounted under /host as the chart mounts them: the
+    daemon serves, and its checks read /dev/shm and /sys through --root /host. Only --listen
+    changes (loopback, any port: the test must not take 9857 on a shared machine)."""
+    helm = pytest.importorskip("helm_python", reason="helm-python-sdk not installed (test extra)")
+    import yaml
+
+    out = helm.Chart.load(str(REPO / "helm" / "cluster-preflight")).render(
+        {"config": {"interval_s": 5, "shm_min_bytes": 4096}}, name="pf", namespace="m")
+    docs = [d for k, v in out.items() if k.endswith(".yaml") for d in yaml.safe_load_all(v) if d]
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    (ctr,) = ds["spec"]["template"]["spec"]["containers"]
+    args = list(ctr["args"])
+    args[args.index("--listen") + 1] = "127.0.0.1:0"
+    config = tmp_path / "preflight.yaml"
+    config.write_text(cm["data"]["preflight.yaml"])
+    config.chmod(0o644)
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    shm.chmod(0o1777)
+    mounts = {m["mountPath"] for m in ctr["volumeMounts"]}
+    assert {"/etc/preflight", "/host/sys", "/host/dev/shm"} <= mounts
+    argv = image.run_argv(["preflight", *args],
+                          env={"PREFLIGHT_NVML_FIXTURE": "/fixture.json"},
+                          mounts=((H200_SNAPSHOT, "/fixture.json"),
+                                  (config, "/etc/preflight/preflight.yaml"),
+                                  (Path("/sys"), "/host/sys"), (shm, "/host/dev/shm:rw")))
+    text, report = serve_until_a_run(argv)
+    assert 'preflight_check_status{check="shm",status="pass"} 1.0' in text, text
+    (shm_result,) = [r for r in report["results"] if r["check"] == "shm"]
+    assert shm_result["details"]["path"] == "/host/dev/shm", "--root /host reads the node's shm"
+    assert 'preflight_check_status{check="gpu_visible",status="pass"} 1.0' in text
+    assert "preflight_check_interval_seconds 5.0" in text, "the ConfigMap was read"
+    assert not list(shm.iterdir()), "the shm probe file was removed"
+    assert report["mode"] == "serve"

@@ -4,7 +4,7 @@
 #   full  node plus torch for the all-reduce bandwidth test and multi-node runs (the torch-free
 #         NCCL engine replaces it once it lands; TORCH_SPEC / TORCH_INDEX_URL choose the build).
 #
-# BASE must hold python3 (>= 3.10) with its venv module; the default is Debian bookworm's.
+# BASE must hold python3 (>= 3.10) with its venv module (CI: a debootstrap bookworm with python3).
 # Build:  buildah bud --target node -t cluster-preflight:node .   (or docker build --target node)
 ARG BASE=docker.io/library/python:3.11.11-slim-bookworm
 
@@ -23,7 +23,7 @@ RUN /opt/preflight/bin/python -m pip install --no-cache-dir --disable-pip-versio
 FROM build AS build-full
 # torch's CUDA build by default (GBs): what the bandwidth workers and `preflight cluster` import.
 ARG TORCH_SPEC=torch==2.11.0
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130
 RUN /opt/preflight/bin/python -m pip install --no-cache-dir --disable-pip-version-check \
       --index-url "${TORCH_INDEX_URL}" --extra-index-url https://pypi.org/simple "${TORCH_SPEC}"
 

@@ -12,7 +12,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-dir=${1:?usage: scripts/image.sh STORAGE_DIR [TARGET] [TAG]}
+dir=${1:?usage: scripts/image.sh STORAGE_DIR [TARGET] [TAG] [BUD_OPTION...]}
+for tool in buildah debootstrap; do
+  command -v "$tool" >/dev/null || { echo "image.sh: $tool not found; apt-get install $tool" >&2; exit 2; }
+done
+[ "$(id -u)" = 0 ] || { echo "image.sh: needs root (debootstrap, vfs storage); run it with sudo" >&2; exit 2; }
 target=${2:-node}
 tag=${3:-localhost/cluster-preflight:$target}
 shift $(($# < 3 ? $# : 3))

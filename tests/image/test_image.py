@@ -46,6 +46,21 @@ needs_builder = pytest.mark.skipif(
            "debootstrap; scripts/test.sh does it in CI)")
 
 
+def run_group(argv: list[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
+    """ARGV in its own process group; past TIMEOUT the whole group is killed (buildah's children
+    included, which subprocess.run's timeout would leave running) and the test fails naming it."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"no answer within {timeout:.0f} s from: {' '.join(argv)}\n"
+                             f"{out}\n{err}") from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
 def builder(test: Callable[..., None]) -> Callable[..., None]:
     """Root, buildah, debootstrap; the first test also waits for the build (minutes)."""
     for mark in (needs_builder, pytest.mark.root, pytest.mark.slow,
@@ -68,8 +83,7 @@ class Image:
     def run(self, args: list[str], *, env: dict[str, str] | None = None,
             mounts: tuple[tuple[Path, str], ...] = (),
             timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.run_argv(args, env=env, mounts=mounts), capture_output=True,
-                              text=True, timeout=timeout, check=False)
+        return run_group(self.run_argv(args, env=env, mounts=mounts), timeout=timeout)
 
     def run_argv(self, args: list[str], *, env: dict[str, str] | None = None,
                  mounts: tuple[tuple[Path, str], ...] = ()) -> list[str]:
@@ -96,9 +110,8 @@ def image() -> Iterator[Image]:
     b = ["buildah", "--root", str(storage / "storage"), "--runroot", str(storage / "run"),
          "--storage-driver", "vfs"]
     try:
-        proc = subprocess.run(["bash", str(REPO / "scripts" / "image.sh"), str(storage), "node",
-                               tag], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
-                              check=False)
+        proc = run_group(["bash", str(REPO / "scripts" / "image.sh"), str(storage), "node", tag],
+                         timeout=BUILD_TIMEOUT_S)
         assert proc.returncode == 0, f"image build failed:\n{proc.stdout}\n{proc.stderr}"
         container = subprocess.run([*b, "from", "--quiet", tag], capture_output=True, text=True,
                                    timeout=120, check=True).stdout.strip()
@@ -243,10 +256,9 @@ def test_full_target_installs_the_engine_the_build_args_choose(image: Image) -> 
     small pinned package instead, which must end up importable next to preflight, on top of the
     node image (same user, same entrypoint). docs/kubernetes.md: CI never builds the real one."""
     tag = f"localhost/cluster-preflight:full-test-{os.getpid()}"
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "image.sh"), str(image.storage), "full",
-                           tag, "--build-arg", "TORCH_SPEC=six==1.17.0", "--build-arg",
-                           "TORCH_INDEX_URL=https://pypi.org/simple"],
-                          capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
+    proc = run_group(["bash", str(REPO / "scripts" / "image.sh"), str(image.storage), "full",
+                      tag, "--build-arg", "TORCH_SPEC=six==1.17.0", "--build-arg",
+                      "TORCH_INDEX_URL=https://pypi.org/simple"], timeout=BUILD_TIMEOUT_S)
     assert proc.returncode == 0, f"full build failed:\n{proc.stdout}\n{proc.stderr}"
     ctr = subprocess.run([*image.buildah(), "from", "--quiet", tag], capture_output=True,
                          text=True, timeout=120, check=True).stdout.strip()

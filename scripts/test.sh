@@ -17,6 +17,11 @@ command -v slurmctld >/dev/null || need+=(slurmctld)
 command -v slurmd >/dev/null || need+=(slurmd)
 command -v sbatch >/dev/null || need+=(slurm-client)
 command -v munged >/dev/null || need+=(munge)
+# The image build (tests/image, scripts/image.sh): a Debian base by debootstrap, buildah to build
+# and run it without a daemon; the CA bundle is bind-mounted into the build for pip.
+command -v buildah >/dev/null || need+=(buildah)
+command -v debootstrap >/dev/null || need+=(debootstrap)
+[ -f /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
 if ((${#need[@]})); then
   if [ "$(id -u)" = 0 ]; then
     echo "test.sh: installing ${need[*]}" >&2

@@ -32,7 +32,7 @@ import pytest
 from packaging.requirements import Requirement  # pytest's own dependency
 
 from preflight import __version__
-from preflight.model import ExitCode
+from preflight.core.result import ExitCode
 from tests.helpers import REPO, write_fixture
 from tests.topologies import lost_gpu
 

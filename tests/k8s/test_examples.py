@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from preflight.model import ExitCode
+from preflight.core.result import ExitCode
 from tests.helpers import run_cli, write_fixture
 from tests.k8s.conftest import EXAMPLES, KUBE_VERSIONS, kubernetes_validate
 from tests.topologies import healthy_8x_h100, lost_gpu

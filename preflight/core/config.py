@@ -246,8 +246,6 @@ def validate(config: Config, *, source: str) -> Config:
          "one of auto, torch, nccl4py")
     need(config.gpu_speed_engine in ("auto", "cuda", "torch", "cpu"), "gpu_speed_engine",
          "auto, cuda, torch or cpu")
-    for key in ("gpu_speed_slow_fraction", "gpu_speed_warn_fraction"):
-        need(0 < getattr(config, key) <= 1, key, "in (0, 1]")
     port = _listen_port(config.listen)
     need(port is not None and port <= 65535, "listen", "HOST:PORT with a port in 0..65535")
     return config

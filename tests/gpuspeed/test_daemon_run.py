@@ -10,7 +10,8 @@ from collections.abc import Sequence
 
 from preflight.core.config import Config
 from preflight.core.result import Report, Result, Status
-from preflight.daemon import ChildRunner, Daemon, RunKind, run_deadline_s, running
+from preflight.daemon import ChildRunner, Daemon, RunKind, running
+from preflight.daemon.child import run_deadline_s
 from preflight.probes.gpu import GpuSnapshot
 from preflight.probes.nvml import NvmlGpuProbe
 from tests import topologies

@@ -6,8 +6,8 @@ every visible GPU, judged at the largest size against ``min_busbw_gbps`` or the 
 GPU model and count (FAIL below 0.9 x expected); the link efficiency against NVML's link figures.
 
 Why: a node with an NVLink down, P2P disabled or a GPU that stops answering passes every static
-check and then trains at a fraction of the speed or hangs in the first all-reduce (the article,
-sections 3.1, 3.3 and 6.2). Only a collective shows it; a stalled rank is named.
+check and then trains at a fraction of the speed or hangs in the first all-reduce
+(docs/bandwidth.md). Only a collective shows it; a stalled rank is named.
 
 When: on by default with at least 2 visible GPUs; SKIP without NVML, with fewer GPUs, or when a
 compute process uses a GPU (never steal a running job's GPUs). ``--no-bandwidth`` skips it.

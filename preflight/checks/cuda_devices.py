@@ -9,8 +9,8 @@ LOCAL_RANK < visible GPUs and LOCAL_WORLD_SIZE <= visible GPUs.
 
 Why: a wrong CUDA_VISIBLE_DEVICES fails late and obscurely. ``device_ids=[rank]`` or a physical GPU
 number where the remapped local rank belongs gives "RuntimeError: CUDA error: invalid device
-ordinal"; "0,-1,1" silently hides GPU 1 (CUDA stops at the
-invalid entry, nccl.md section 5); a GPU listed twice leaves CUDA with no device, and NCCL says
+ordinal"; "0,-1,1" silently hides GPU 1 (CUDA stops at the invalid entry: CUDA C Programming Guide,
+"CUDA Environment Variables"); a GPU listed twice leaves CUDA with no device, and NCCL says
 "Duplicate GPU detected"; on a node of mixed GPU models CUDA's default FASTEST_FIRST order is not
 nvidia-smi's, so index 0 may be another card than intended.
 

@@ -2,8 +2,10 @@
 
 Why: NCCL's SHM transport, its proxy-ops pool and NVLS registration live in /dev/shm
 (/dev/shm/nccl-XXXXXX); a Docker container's default of 64 MiB makes NCCL fail with "Error while
-creating shared memory segment" from 4 GPUs on, or hang half-way through training (the article,
-section 3.2). DataLoader workers pass tensors through it too ("Bus error").
+creating shared memory segment" from 4 GPUs on, or hang half-way through training (NCCL
+troubleshooting guide, "Docker":
+https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html). DataLoader workers
+pass tensors through it too ("Bus error").
 
 Need: max(``shm_min_bytes`` (1 GiB), 9.2 MiB x ``shm_channels`` (16) x local peers) where local
 peers = local GPUs - 1. Both the size and the free space must reach it.

@@ -6,10 +6,10 @@ the watched packages and optional sha256 of code/data paths (see
 read without importing torch. With a golden fingerprint (``--golden FILE``), every difference is
 named: ``scikit-learn: 1.5.0 on this node, 1.3.2 in golden``.
 
-Why: torchrun does not synchronise files, datasets or Python environments between nodes. The
-article's author had scikit-learn differing between two machines: preprocessing differed slightly,
-and after gradient sync the loss began to swing after 200 steps; three days to find. NCCL versions
-that differ across nodes can also hang or fail the first collective.
+Why: torchrun does not synchronise files, datasets or Python environments between nodes. A typical
+case: scikit-learn differing between two machines, preprocessing differed slightly, and after
+gradient sync the loss began to swing after 200 steps; days to find (docs/fingerprint.md). NCCL
+versions that differ across nodes can also hang or fail the first collective.
 
 Verdicts:
     PASS ``VersionsMatch`` (golden given, same) / ``VersionsRecorded`` (no golden) with a summary

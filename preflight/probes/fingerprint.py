@@ -1,7 +1,7 @@
 """The environment fingerprint: what a node's training environment is made of, as canonical JSON.
 
 Why: torchrun copies nothing between nodes; if their Python environments differ, the job still
-starts and silently computes different things. The article's author lost three days to
+starts and silently computes different things. A typical case (days to find):
 scikit-learn differing across two machines: preprocessing differed slightly and the loss began to
 swing after 200 steps. A fingerprint per node, compared with a golden one (or between two nodes
 with ``preflight diff``), finds that in a second.

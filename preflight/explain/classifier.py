@@ -357,7 +357,8 @@ class Classifier:
         if rule.reason == "RankKilled":
             if not self._killed(groups):
                 return []
-            if self._summary and line_no - self._summary_at <= _SUMMARY_SPAN:
+            # torchrun's own stop signal names no rank, even just after a failure summary
+            if self._summary and not pat.last and line_no - self._summary_at <= _SUMMARY_SPAN:
                 summary_rank = self._summary[-1]
                 if "pid" in groups:
                     groups["who"] = f"rank {summary_rank} (pid {groups['pid']})"

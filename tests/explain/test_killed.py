@@ -122,3 +122,13 @@ def test_torchrun_stopped_after_a_real_failure_goes_after_it() -> None:
     # but a rank's own kill in the same log keeps its place
     got = reasons(WATCHDOG + AGENT.format(sig=15) + SUMMARY.format(sig=9, name="SIGKILL"))
     assert got[0] == "RankKilled"
+
+
+def test_torchruns_own_stop_signal_after_a_failure_summary_names_no_rank() -> None:
+    summary = SUMMARY.replace("exitcode  : -{sig} (pid: 901)", "exitcode  : 1 (pid: 901)")
+    summary = summary.replace("Signal {sig} ({name}) received by PID 901", "<N/A>")
+    expl = classify_texts([("job.log", summary + AGENT.format(sig=15))])
+    assert expl.ranks.root_cause == 0
+    stop = [f for f in expl.findings if "torchrun itself" in f.message]
+    assert len(stop) == 1
+    assert 0 not in stop[0].ranks

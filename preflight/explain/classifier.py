@@ -159,6 +159,7 @@ class _Acc:
     nccl: dict[tuple[str, int, int], None] = field(default_factory=dict)
     messages: dict[str, None] = field(default_factory=dict)
     signals: dict[str, None] = field(default_factory=dict)
+    last: bool = True
 
 
 def _cut(text: str) -> str:
@@ -356,7 +357,8 @@ class Classifier:
         if rule.reason == "RankKilled":
             if not self._killed(groups):
                 return []
-            if self._summary and line_no - self._summary_at <= _SUMMARY_SPAN:
+            # torchrun's own stop signal names no rank, even just after a failure summary
+            if self._summary and not pat.last and line_no - self._summary_at <= _SUMMARY_SPAN:
                 summary_rank = self._summary[-1]
                 if "pid" in groups:
                     groups["who"] = f"rank {summary_rank} (pid {groups['pid']})"
@@ -365,6 +367,7 @@ class Classifier:
             acc = _Acc(rule, (len(self._sources) - 1, line_no), pat.layer or rule.layer)
             self._acc[rule.reason] = acc
         acc.count += 1
+        acc.last = acc.last and pat.last
         if "name" in groups and rule.reason == "RankKilled" and len(acc.signals) < 8:
             acc.signals[groups["name"]] = None
         self._evidence(acc, line_no, text, self.max_evidence)
@@ -540,13 +543,18 @@ class Classifier:
         return Explanation(findings, summary, tuple(self._sources), self._lines, self._bytes)
 
     def _tier(self, acc: _Acc) -> int:
-        """The rule's tier, except for a rank that only aborted after printing its own error.
+        """The rule's tier, except for a kill that is a consequence.
+
+        A reason only ``last`` patterns hit (torchrun itself stopped from outside) goes after
+        every other finding: it is the cause only when nothing else is found.
 
         ProcessGroupNCCL takes a rank down with SIGABRT once its watchdog saw a timeout or an
         NCCL error ("To avoid data inconsistency, we are taking the entire process down"): when
         every kill is a SIGABRT of a rank that another finding already names, the kill is that
         finding's consequence and goes last.
         """
+        if acc.last:
+            return SYMPTOM + 1
         if acc.rule.reason != "RankKilled" or set(acc.signals) != {"SIGABRT"} or not acc.ranks:
             return acc.rule.tier
         named = {r for other in self._acc.values() if other is not acc for r in other.ranks}

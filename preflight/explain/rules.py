@@ -43,12 +43,15 @@ class Pattern:
         layer: overrides the rule's layer for this pattern (``ShmExhausted`` is communication for
             NCCL, data for a DataLoader worker).
         follow: how many following lines to add to the evidence (NCCL's "Last error:" detail).
+        last: a finding that only such patterns hit goes after every other finding (torchrun
+            itself stopped by a signal from outside: the cause only when nothing else is found).
     """
 
     regex: re.Pattern[str]
     message: str
     layer: Layer | None = None
     follow: int = 0
+    last: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,11 +66,15 @@ class Rule:
     example: str
 
 
-def _p(regex: str, message: str, *, layer: Layer | None = None, follow: int = 0) -> Pattern:
-    return Pattern(re.compile(regex), message, layer, follow)
+def _p(regex: str, message: str, *, layer: Layer | None = None, follow: int = 0,
+       last: bool = False) -> Pattern:
+    return Pattern(re.compile(regex), message, layer, follow, last)
 
 
 ORIGIN, KILLED, WRAPPER, SYMPTOM = 0, 1, 2, 3
+
+_LAUNCHER = ("torchrun itself received {name} and stopped all its workers: {hint}; if the job had "
+             "hung before that, the rank that stopped printing first is the one to look at")
 
 RULES: tuple[Rule, ...] = (
     Rule(
@@ -304,7 +311,12 @@ RULES: tuple[Rule, ...] = (
         "SIGBUS (-7): the rank crashed: read that rank's last lines (a native stack, a CUDA or "
         "NCCL abort; SIGBUS is often a full /dev/shm), rerun with `PYTHONFAULTHANDLER=1`. "
         "SIGTERM (-15) / SIGINT: something stopped it from outside (scheduler time limit, "
-        "preemption, torchrun after another rank failed)",
+        "preemption, torchrun after another rank failed). torchrun itself stopped by a signal "
+        "(\"Received 15 death signal\", \"SignalException ... got signal\"): the job was stopped "
+        "from outside (`sacct -j JOB -o State,Elapsed,Timelimit`, `kubectl describe pod`; "
+        "SIGHUP: the ssh session closed, use tmux / nohup); if it had hung before that, rerun "
+        "with `TORCH_NCCL_TRACE_BUFFER_SIZE=2000` and a process-group timeout shorter than the "
+        "job's limit so the hang is named",
         (
             _p(r"failed \(exitcode: -(?P<sig>\d{1,2})\) local_rank: (?P<local>\d{1,7})",
                "local rank {local} was killed by {name}: {hint}"),
@@ -315,6 +327,14 @@ RULES: tuple[Rule, ...] = (
                "{who} was killed by {name}: {hint}"),
             _p(r"process (?P<rank>\d{1,7}) terminated with signal (?P<name>SIG[A-Z]{2,8})",
                "process {rank} (mp.spawn) was killed by {name}: {hint}"),
+            # torchrun (the elastic agent) itself stopped by a signal, every torch 2.x: "Received
+            # 15 death signal, shutting down workers" and "SignalException: Process PID got
+            # signal: 15". Nothing in the job failed by itself: a time limit, preemption,
+            # `timeout`, a closed ssh session; often the end of a hang.
+            _p(r"Received (?P<sig>\d{1,2}) death signal, shutting down workers",
+               _LAUNCHER, last=True),
+            _p(r"SignalException: Process (?P<pid>\d{1,10}) got signal: (?P<sig>\d{1,2})",
+               _LAUNCHER, last=True),
         ),
         "E1129 10:12:58.835000 803 torch/distributed/elastic/multiprocessing/api.py:986] failed "
         "(exitcode: -9) local_rank: 1 (pid: 825) of binary: /opt/torch/.venv/bin/python",
@@ -443,8 +463,10 @@ RULES: tuple[Rule, ...] = (
 ANCHORS: tuple[bytes, ...] = (
     b"rror", b"WARN", b"imed out", b"imeout", b"already in use", b"peer", b"NVRM: Xid",
     b"fallen off the bus", b"ncclCommInitRank", b"global_world_sizes", b"(local_rank:",
-    b"SOCKET_IFNAME set", b"exitcode", b"terminated with signal", b"closing signal",
-    b"Connection refused",
+    b"SOCKET_IFNAME set", b"exitcode", b"Connection refused",
+    # one pass for mp.spawn's "terminated with signal", torchrun's "closing signal" and its own
+    # "Received 15 death signal" / "got signal: 15"
+    b" signal",
 )
 
 BY_REASON: dict[str, Rule] = {r.reason: r for r in RULES}
@@ -461,4 +483,6 @@ SIGNAL_HINTS: dict[str, str] = {
     "SIGBUS": "the rank crashed on a bus error (often a full /dev/shm)",
     "SIGTERM": "something stopped it from outside (scheduler time limit or preemption)",
     "SIGINT": "it was interrupted (Ctrl-C or the scheduler)",
+    "SIGHUP": "the terminal or ssh session that started it closed (use tmux, nohup or the "
+              "scheduler)",
 }

@@ -10,7 +10,9 @@
 #   sigsegv       rank 1 kills itself with SIGSEGV after the first all_reduce
 #   wrong-iface   NCCL_SOCKET_IFNAME names an interface the host does not have
 #   timeout       rank 1 sleeps 40 s before the second all_reduce; process-group timeout 15 s
-#   init-timeout  rank 1 sleeps 40 s before init_process_group; init timeout 15 s
+#   init-timeout  rank 1 sleeps 40 s before init_process_group; init timeout 15 s (gloo: a store
+#                 wait timeout; NCCL on torch 2.11: no timeout fires, since the communicator is
+#                 made lazily and rank 0 waits in NCCL's bootstrap until `timeout` stops torchrun)
 # Local dry run without a GPU: EXPLAIN_BACKEND=gloo OUT=/tmp/x bash scripts/device/explain_logs.sh
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

@@ -88,3 +88,47 @@ def test_mp_spawn_and_old_torch_phrasings() -> None:
 def test_an_exception_in_a_spawned_process_is_not_a_kill() -> None:
     assert reasons("-- Process 0 terminated with the following error:\nTraceback (most recent "
                    "call last):\nValueError: bad config\n") == []
+
+
+# torchrun (the elastic agent) itself stopped from outside (a time limit, `timeout`, preemption, a
+# closed ssh session), as torch 2.x prints it: the agent's warning, then its own traceback.
+AGENT = ("W1130 10:05:00.000000 900 torch/distributed/elastic/agent/server/api.py:739] Received "
+         "{sig} death signal, shutting down workers\n"
+         "W1130 10:05:00.001000 900 torch/distributed/elastic/multiprocessing/api.py:1012] "
+         "Sending process 901 closing signal SIGTERM\n"
+         "torch.distributed.elastic.multiprocessing.api.SignalException: Process 900 got "
+         "signal: {sig}\n")
+
+
+def test_torchrun_stopped_from_outside_is_named_when_nothing_else_failed() -> None:
+    expl = classify_texts([("job.log", "[default0]:rank 0: iteration 1\n"
+                            + AGENT.format(sig=15))])
+    (killed,) = expl.findings
+    assert killed.reason == "RankKilled"
+    assert "torchrun itself received SIGTERM" in killed.message
+    assert "from outside" in killed.message
+    assert killed.ranks == ()
+
+
+def test_sighup_of_torchrun_points_at_the_closed_session() -> None:
+    (killed,) = classify_texts([("job.log", AGENT.format(sig=1))]).findings
+    assert "torchrun itself received SIGHUP" in killed.message
+    assert "ssh session" in killed.message
+
+
+def test_torchrun_stopped_after_a_real_failure_goes_after_it() -> None:
+    # a stop from outside is the end of the job, not why it failed: every other finding first
+    assert reasons(WATCHDOG + AGENT.format(sig=15)) == ["CollectiveTimeout", "RankKilled"]
+    # but a rank's own kill in the same log keeps its place
+    got = reasons(WATCHDOG + AGENT.format(sig=15) + SUMMARY.format(sig=9, name="SIGKILL"))
+    assert got[0] == "RankKilled"
+
+
+def test_torchruns_own_stop_signal_after_a_failure_summary_names_no_rank() -> None:
+    summary = SUMMARY.replace("exitcode  : -{sig} (pid: 901)", "exitcode  : 1 (pid: 901)")
+    summary = summary.replace("Signal {sig} ({name}) received by PID 901", "<N/A>")
+    expl = classify_texts([("job.log", summary + AGENT.format(sig=15))])
+    assert expl.ranks.root_cause == 0
+    stop = [f for f in expl.findings if "torchrun itself" in f.message]
+    assert len(stop) == 1
+    assert 0 not in stop[0].ranks

@@ -2,10 +2,10 @@
 
 Pure functions, no torch: the parent, the ``allreduce`` check and the tests share them.
 
-* busbw (nccl.md section 1, nccl-tests ``src/all_reduce.cu`` AllReduceGetBw): algbw = bytes /
+* busbw (docs/bandwidth.md, nccl-tests ``src/all_reduce.cu`` AllReduceGetBw): algbw = bytes /
   seconds / 1e9; busbw = algbw x 2(n-1)/n. GB/s means 1e9 B/s; sizes are 1024-based.
 * The size sweep doubles from ``min_bytes`` to ``max_bytes`` (nccl-tests ``-f 2``).
-* The expected busbw per GPU model and GPU count comes from nccl.md section 2; a node is judged at
+* The expected busbw per GPU model and GPU count comes from docs/bandwidth.md; a node is judged at
   its largest size (never on an average over the sweep), FAIL below 0.9 x expected.
 * The theoretical link bandwidth is read from NVML: active NVLinks x per-link bandwidth, else
   PCIe generation x width, so a GPU with a link down shows as a lower link efficiency.
@@ -22,10 +22,10 @@ GB = 1e9
 GiB = 1 << 30
 #: Bytes of one element: the test reduces float32 holding small integers, so the sum is exact.
 ELEMENT_BYTES = 4
-#: nccl-tests fails a run below 0.9 x the floor it is given (NCCL_TESTS_MIN_BW, nccl.md section 1).
+#: nccl-tests fails a run below 0.9 x the floor it is given (NCCL_TESTS_MIN_BW, docs/bandwidth.md).
 EXPECTED_FRACTION = 0.9
 #: The reference figures hold for large messages; below this size busbw is still rising
-#: (2x H200: 300 GB/s at 256 MiB, 330 at 1 GiB, nccl.md section 2).
+#: (2x H200: 300 GB/s at 256 MiB, 330 at 1 GiB, docs/bandwidth.md).
 REFERENCE_MIN_BYTES = GiB
 #: Share of a GPU's memory the test may use for its largest buffer (one buffer, a mask of a
 #: quarter of its size for the check, NCCL's own buffers and the CUDA context share the rest).
@@ -120,7 +120,7 @@ class Reference:
 
 
 _H100_H200 = ("H100", "H200")
-#: Expected all-reduce busbw by GPU family and GPU count at >= 1 GiB (nccl.md section 2).
+#: Expected all-reduce busbw by GPU family and GPU count at >= 1 GiB (docs/bandwidth.md).
 #: 8 GPUs: the ring / NVLS-off figure, so a node with NVLink SHARP disabled is not failed for it.
 REFERENCES: dict[tuple[tuple[str, ...], int], Reference] = {
     (_H100_H200, 2): Reference(330.0, "nccl-tests all_reduce_perf -g 2 on 2x H200 NV18, 1 GiB"),

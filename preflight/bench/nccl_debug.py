@@ -1,8 +1,8 @@
 """A summary of what NCCL chose, from its ``NCCL_DEBUG=INFO`` output (``preflight bench --debug``).
 
 When the all-reduce is slow or fails, the first questions are: which NCCL, which transport between
-the GPUs (P2P over NVLink, SHM, NET), which network and interface (the article's
-NCCL_SOCKET_IFNAME story, nccl.md section 3), how many channels, and which NCCL_* variables the
+the GPUs (P2P over NVLink, SHM, NET), which network and interface
+(NCCL_SOCKET_IFNAME: docs/network.md), how many channels, and which NCCL_* variables the
 environment set. Pure: :func:`summarize` takes the text and never raises.
 
 Lines it reads (NCCL 2.1x-2.2x)::

@@ -1,6 +1,6 @@
 """Judging a run of the all-reduce test, and showing it (nccl-tests-like table, JSON).
 
-The verdict is taken at the largest size only (nccl.md rule 1: never on an average over the
+The verdict is taken at the largest size only (docs/bandwidth.md: never on an average over the
 sweep): against an explicit floor (``--min-busbw`` / ``min_busbw_gbps``), else against the table
 of expected busbw per GPU model and count (FAIL below 0.9 x expected, WARN where the model is
 unknown). A stall, a dead worker and a wrong sum are verdicts of their own: a hang is never

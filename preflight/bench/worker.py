@@ -22,7 +22,7 @@ Across nodes (``preflight cluster``, ``--store HOST:PORT``): the torch engine on
 is a client of the cluster's store under ``--store-prefix``, ``--rank`` / ``--world-size``
 are global and ``--local-rank`` picks the GPU.
 
-Method (nccl.md section 1): per size, ``warmup`` untimed all-reduces (communicator creation is in
+Method (docs/bandwidth.md): per size, ``warmup`` untimed all-reduces (communicator creation is in
 init, never timed), a barrier, then ``iters`` back-to-back all-reduces timed by CUDA events
 recorded on the stream before and after them (as nccl-tests does: the GPU's time, not the host's
 enqueue loop; gloo: the host clock); time per op = elapsed / iters. Then the exact check: a fresh

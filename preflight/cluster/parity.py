@@ -1,7 +1,7 @@
 """Parity: what must be equal on every node of a job, compared with the majority value. Pure.
 
 A job whose nodes run different torch / NCCL / CUDA builds, see a different number of GPUs, or set
-NCCL_* differently fails at init or, worse, hangs in the first collective (nccl.md section 4,
+NCCL_* differently fails at init or, worse, hangs in the first collective (docs/cluster.md,
 https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html: NCCL_* must agree across
 ranks). The node whose value differs from the majority is the suspect.
 """

@@ -1,6 +1,6 @@
 """``preflight explain``: read a failed job's torchrun / PyTorch / NCCL logs and say what broke,
-in which layer (the seed article's environment, communication, data, model; plus hardware), on
-which ranks, and how to fix it (article sections 3.1 and 6.2).
+in which layer (environment, communication, data, model; plus hardware), on which ranks, and how
+to fix it (docs/explain.md).
 
 Pure functions over lines (rules.py, ranks.py), a streaming classifier over blocks of lines
 (classifier.py, reader.py) and renderers (output.py). Nothing here touches the node.

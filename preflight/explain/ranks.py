@@ -11,7 +11,7 @@ Prefixes understood (issue 6, item 3):
   classifier maps ``host:pid`` to a rank through NCCL's own ``ncclCommInitRank ... rank R nranks N``
   line and falls back to the device only for single-host logs.
 
-Progress: the article locates a hang by the rank that "never printed iteration 10" (section 3.1).
+Progress: a hang is located by the rank that "never printed iteration 10".
 A progress line is a rank-prefixed line with ``iteration N``, ``iter N``, ``step N`` or
 ``epoch N`` (any case, ``=``/``:``/``#`` allowed, Megatron's ``iteration  10/ 500``).
 """

@@ -1,8 +1,8 @@
 """The failure classes ``preflight explain`` recognises: one Rule per reason.
 
-Each rule names the article's layer (environment, communication, data, model; plus hardware), the
-regexes that recognise it, a message template and the remedy (the seed article's sections 2-6 and
-../reference/nccl.md). Rules are plain data so that docs/explain.md and the tests can walk them.
+Each rule names its layer (environment, communication, data, model; plus hardware), the regexes
+that recognise it, a message template and the remedy, citing PyTorch's and NCCL's public docs.
+Rules are plain data so that docs/explain.md and the tests can walk them.
 
 Regexes run on one line at a time (a line is at most a few KiB after the reader's cut), use only
 bounded repetitions or character classes followed by literals, and never nest quantifiers, so no
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 
 class Layer(str, enum.Enum):
-    """Where a failure lives: the article's four layers (section 1.3) plus hardware."""
+    """Where a failure lives: environment, communication, data, model, plus hardware."""
 
     ENVIRONMENT = "environment"
     COMMUNICATION = "communication"
@@ -82,7 +82,7 @@ RULES: tuple[Rule, ...] = (
         "another process (often a previous job on the default port 29500) holds MASTER_PORT: "
         "see who with `ss -ltnp 'sport = :29500'`, or give each job its own port: "
         "`export MASTER_PORT=$((RANDOM + 20000))` / `torchrun --master_port=29501` "
-        "(article 2.2); every node must use the same port",
+        "(https://pytorch.org/docs/stable/elastic/run.html); every node must use the same port",
         (
             _p(r"failed to listen on any local network address\. port: (?P<port>\d{1,5})",
                "the TCPStore (MASTER_PORT) could not listen on port {port}: address already in "
@@ -101,7 +101,8 @@ RULES: tuple[Rule, ...] = (
         "launch with torchrun (`torchrun --nproc_per_node=N train.py`), which sets RANK, "
         "LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; with mp.spawn or a notebook pass "
         "rank= and world_size= to init_process_group and export MASTER_ADDR/MASTER_PORT "
-        "(article 2.1); under srun map SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID",
+        "(https://pytorch.org/docs/stable/distributed.html#environment-variable-initialization); "
+        "under srun map SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID",
         (
             _p(r"environment variable (?P<var>[A-Z_]{2,40}) expected, but not set",
                "the launcher variable {var} is not set (env:// rendezvous)"),
@@ -118,7 +119,8 @@ RULES: tuple[Rule, ...] = (
         "InvalidDeviceOrdinal", Layer.ENVIRONMENT, ORIGIN,
         "select the GPU by LOCAL_RANK, not RANK: `torch.cuda.set_device(int(os.environ"
         "[\"LOCAL_RANK\"]))` and `DDP(model, device_ids=[local_rank])`; after "
-        "CUDA_VISIBLE_DEVICES=2,3,4,5 the visible GPUs are 0-3 (article 1.1, 2.3); keep "
+        "CUDA_VISIBLE_DEVICES=2,3,4,5 the visible GPUs are 0-3 (CUDA_VISIBLE_DEVICES: "
+        "https://docs.nvidia.com/cuda/cuda-c-programming-guide/#env-vars); keep "
         "--nproc_per_node <= visible GPUs (`preflight check --only cuda_devices`)",
         (
             _p(r"invalid device ordinal",
@@ -144,7 +146,8 @@ RULES: tuple[Rule, ...] = (
         "NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME names no usable interface: list them with "
         "`ip -br addr` and set the data NIC, e.g. `export NCCL_SOCKET_IFNAME=eth0 "
         "GLOO_SOCKET_IFNAME=eth0` (a prefix matches eth0, eth1...; `=eth0` is exact; no spaces "
-        "after commas) (article 3.2, nccl.md section 3)",
+        "after commas) "
+        "(https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-socket-ifname)",
         (
             _p(r"Bootstrap ?: no (?:NCCL_SOCKET_IFNAME )?socket interface found|"
                r"no NCCL_SOCKET_IFNAME interface found",
@@ -165,7 +168,8 @@ RULES: tuple[Rule, ...] = (
         "--ulimit memlock=-1` (Kubernetes: an emptyDir with medium: Memory at /dev/shm), then "
         "`preflight check --only shm`; workarounds: `export NCCL_SHM_DISABLE=1` for NCCL, fewer "
         "DataLoader num_workers for data loading; ranks of one node in separate containers must "
-        "share one /dev/shm (`docker run --ipc=host`) (article 3.2, nccl.md section 6)",
+        "share one /dev/shm (`docker run --ipc=host`) "
+        "(https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html)",
         (
             _p(r"Error while creating shared memory segment (?P<path>\S{1,300}) \(size "
                r"(?P<size>\d{1,20})\)",
@@ -260,7 +264,7 @@ RULES: tuple[Rule, ...] = (
         "derive every device from LOCAL_RANK (`device = torch.device('cuda', local_rank)`), call "
         "`torch.cuda.set_device(local_rank)` before creating any tensor, move the model before "
         "wrapping it in DDP and move each batch with `.to(device)`; never hard-code cuda:0 "
-        "(article 5.3)",
+        "(https://pytorch.org/docs/stable/notes/ddp.html)",
         (
             _p(r"Expected all tensors to be on the same device",
                "an op got tensors on different devices"),
@@ -275,8 +279,9 @@ RULES: tuple[Rule, ...] = (
         "some parameters got no gradient this iteration: find them with "
         "`TORCH_DISTRIBUTED_DEBUG=DETAIL` (it names them), then make every parameter take part "
         "in the loss or move the unused part out of the DDP-wrapped module; "
-        "`DDP(..., find_unused_parameters=True)` works but slows every step (article 5.2, 6.4); "
-        "move the model to the GPU before wrapping it in DDP (article 5.1)",
+        "`DDP(..., find_unused_parameters=True)` works but slows every step; "
+        "move the model to the GPU before wrapping it in DDP "
+        "(https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html)",
         (
             _p(r"Expected to have finished reduction in the prior iteration",
                "DDP finished an iteration without gradients for every parameter (unused "
@@ -345,7 +350,7 @@ RULES: tuple[Rule, ...] = (
         "`NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET` to see the interface and transport NCCL "
         "picked; usual causes: wrong NCCL_SOCKET_IFNAME, a firewall between nodes, a full "
         "/dev/shm, an IB port down; to isolate, run the same code with backend='gloo' "
-        "(article 6.3) and `preflight check` on every node",
+        "(docs/explain.md) and `preflight check` on every node",
         (
             _p(r"unhandled system error|ncclSystemError",
                "NCCL reported a system error (a socket, shared memory or device call failed)",
@@ -368,7 +373,8 @@ RULES: tuple[Rule, ...] = (
         "the ranks never met: every node needs the same MASTER_ADDR and MASTER_PORT, the master "
         "must be reachable (`nc -zv $MASTER_ADDR $MASTER_PORT` from each node, open the port in "
         "the firewall), and all --nnodes nodes must start; pin the interface with "
-        "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME on multi-homed hosts (article 2.2)",
+        "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME on multi-homed hosts "
+        "(https://pytorch.org/docs/stable/distributed.html#common-environment-variables)",
         (
             _p(r"Timed out after (?P<s>\d{1,9}) seconds waiting for clients\. "
                r"(?P<n>\d{1,7})/(?P<w>\d{1,7}) clients joined",
@@ -421,7 +427,8 @@ RULES: tuple[Rule, ...] = (
         "stopped printing first) are the suspects, look at their log and GPU; rerun with "
         "`NCCL_DEBUG=INFO` and `TORCH_NCCL_TRACE_BUFFER_SIZE=2000` (flight recorder); raise "
         "init_process_group(timeout=timedelta(minutes=60)) only once you know the step is slow, "
-        "not dead (article 3.1, 3.3)",
+        "not dead "
+        "(https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group)",
         (
             _p(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d{1,20}),"
                r" OpType=(?P<op>\w{1,40})[^\n]{0,400}?Timeout\(ms\)=(?P<ms>\d{1,12})\)",

@@ -8,8 +8,8 @@ torch/distributed/run.py; Slurm srun(1) "OUTPUT ENVIRONMENT VARIABLES"):
   ROLE_WORLD_SIZE, GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID,
   TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_USE_AGENT_STORE.
 - ``init_process_group(init_method="env://")`` reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT;
-  an unset or empty one is "environment variable RANK expected, but not set" (older torch and the
-  article: "Invalid environment variable: RANK"); values go through Python's ``int()``.
+  an unset or empty one is "environment variable RANK expected, but not set" (older torch:
+  "Invalid environment variable: RANK"); values go through Python's ``int()``.
 - Slurm: SLURM_JOB_ID in any job context; SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID, SLURM_NTASKS,
   SLURM_NNODES in a step (srun). A prolog (SLURM_SCRIPT_CONTEXT=prolog_slurmd) has no ranks yet.
 """

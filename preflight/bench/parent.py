@@ -2,7 +2,8 @@
 deadline. It never imports torch (only :mod:`preflight.bench.worker` does).
 
 Why a separate parent: a collective that hangs cannot be interrupted from inside the process that
-waits in it (tell "slow" from "dead", find the first rank that stopped: docs/bandwidth.md). The parent owns every deadline, and reports which rank did not reach which phase.
+waits in it (tell "slow" from "dead", find the first rank that stopped: docs/bandwidth.md). The
+parent owns every deadline, and reports which rank did not reach which phase.
 
 Processes: one worker per rank, ``PYTHON .../bench/worker.py`` (argv list; PYTHON is config
 ``python`` or this interpreter), each the
@@ -201,7 +202,7 @@ def _step(phase: str, size: int | None, sizes: Sequence[int]) -> int:
 
 def _worker_env(opts: BenchOptions) -> dict[str, str]:
     env = dict(os.environ if opts.env is None else opts.env)
-    # With CUDA_VISIBLE_DEVICES unset, cuda:r is then NVML index r (CUDA_DEVICE_ORDER=PCI_BUS_ID, docs/checks.md).
+    # With CUDA_VISIBLE_DEVICES unset, cuda:r is then NVML index r (docs/checks.md, cuda_devices).
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     if opts.backend == "gloo" and opts.world is None:
         # A local test: keep gloo on loopback even where the hostname resolves elsewhere.

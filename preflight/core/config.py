@@ -28,7 +28,8 @@ from preflight.core.boundedio import read_bounded
 GiB = 1 << 30
 MiB = 1 << 20
 
-#: Packages whose versions matter for a distributed job (a scikit-learn skew between nodes: docs/fingerprint.md).
+#: Packages whose versions matter for a distributed job (a scikit-learn skew between nodes:
+#: docs/fingerprint.md).
 DEFAULT_WATCHED_PACKAGES = (
     "torch", "numpy", "scikit-learn", "transformers", "accelerate", "deepspeed", "triton",
     "nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-cudnn-cu12", "nvidia-cudnn-cu13",

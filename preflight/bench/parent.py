@@ -15,7 +15,12 @@ Rendezvous: rank 0 publishes what the others need (the torch engine: the port of
 127.0.0.1, port 0 so the OS picks a free one; the nccl4py engine: the NCCL unique id) and the
 parent writes it to the other ranks' stdin.
 With ``BenchOptions.world`` (``preflight cluster``) this node's workers are a slice of a
-larger world and join the cluster's store instead (torch engine only).
+larger world. The torch engine's ranks join the cluster's store themselves. The nccl4py engine's
+unique id crosses nodes through ``WorldSpec.relay`` (the cluster agent's store client, behind the
+:class:`StoreRelay` protocol, so this module still never imports torch): the parent of the
+group's first node (``rank_offset`` 0, whose local rank 0 is global rank 0) publishes the id its
+rank 0 reports, the other nodes' parents fetch it with the init deadline and write it to every
+local worker's stdin, as the local relay does.
 
 Deadlines within ``timeout_s``: spawn (start + import torch) and init (store + process group +
 communicator) may each take half of it, at most 60 s; each warm-up, measure and verify step of one
@@ -44,11 +49,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from preflight.core.units import fmt_bytes
 
@@ -92,6 +98,27 @@ class Deadlines:
         return {"spawn": self.spawn_s, "init": self.init_s}.get(phase, self.step_s)
 
 
+#: The store key (under the group's prefix) of the NCCL unique id of the nccl4py engine.
+UID_KEY = "nccl-uid"
+#: How long one fetch of the unique id waits server-side before the parent checks for a stop.
+FETCH_SLICE_S = 1.0
+
+
+class StoreRelay(Protocol):
+    """Publish / fetch with a deadline through the cluster's store (``preflight cluster`` passes
+    its own client, scoped to the group's key prefix; nothing here imports torch)."""
+
+    #: Where a value is published, for messages ("the store at HOST:PORT, key K").
+    where: str
+
+    def set(self, key: str, value: str) -> None:
+        """Publish ``value`` under ``key``; raises when the store does not answer."""
+
+    def get(self, key: str, timeout_s: float) -> str | None:
+        """The value of ``key`` once set, None when it is not set within ``timeout_s``; raises
+        when the store does not answer."""
+
+
 @dataclass(frozen=True)
 class WorldSpec:
     """Multi-node only (``preflight cluster``): this node's workers are ranks ``rank_offset`` ..
@@ -104,6 +131,8 @@ class WorldSpec:
     store_prefix: str
     rank_offset: int
     world_size: int
+    #: The nccl4py engine's unique id across nodes (see the module docstring); None: torch only.
+    relay: StoreRelay | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -235,8 +264,6 @@ def run_workers(opts: BenchOptions, *,
 def _terminate_as_exit() -> Any:
     """SIGTERM raises SystemExit in the main thread while workers run, so the ``finally`` clauses
     kill them and remove the log directory (SIGINT already raises KeyboardInterrupt)."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -269,11 +296,21 @@ def _run(opts: BenchOptions, started: float, deadlines: Deadlines, log_dir: str,
     logs: list[Any] = []
     completed = False
     all_done: float | None = None
+    w = opts.world
+    fetch: _UidFetch | None = None
     try:
+        if w is not None and opts.engine == "nccl4py" and w.relay is None:
+            failure = Failure("spawn", "the nccl4py engine across nodes needs the cluster store "
+                              "to carry its unique id (WorldSpec.relay); run --engine torch",
+                              tuple(st.rank for st in ranks))
         for st in ranks:
-            failure = _spawn(st, opts, env=env, log_dir=log_dir, sel=sel, logs=logs)
+            failure = failure or _spawn(st, opts, env=env, log_dir=log_dir, sel=sel, logs=logs)
             if failure:
                 break
+        if (failure is None and w is not None and w.relay is not None and w.rank_offset > 0
+                and opts.engine == "nccl4py"):
+            # Global rank 0 is on another node: its unique id comes through the store.
+            fetch = _UidFetch(w.relay, deadlines.spawn_s + deadlines.init_s)
         failing_since: float | None = None
         while failure is None:
             now = time.monotonic()
@@ -292,6 +329,14 @@ def _run(opts: BenchOptions, started: float, deadlines: Deadlines, log_dir: str,
                     if "port" in relay:
                         store_port = int(relay["port"])
                     _relay(ranks, relay)
+                    if "uid" in relay and w is not None and w.relay is not None:
+                        failure = failure or _publish_uid(w.relay, str(relay["uid"]), ranks)
+            if failure is not None:
+                break
+            if fetch is not None and fetch.value is not None and not fetch.relayed:
+                # Every local rank waits for it here: none of them is global rank 0.
+                _relay(ranks, {"uid": fetch.value}, first=0)
+                fetch.relayed = True
             now = time.monotonic()
             if all_done is None and all(st.phase == "done" for st in ranks):
                 all_done = now
@@ -305,9 +350,12 @@ def _run(opts: BenchOptions, started: float, deadlines: Deadlines, log_dir: str,
                 if now - failing_since >= GRACE_S:
                     failure = _broken(ranks)
                 continue
-            failure = _frozen(ranks, now) or _stalled(ranks, deadlines, now, started)
+            failure = (_uid_missing(fetch, ranks, deadlines, now) or _frozen(ranks, now)
+                       or _stalled(ranks, deadlines, now, started))
         completed = True
     finally:
+        if fetch is not None:
+            fetch.stop()
         _kill_all(ranks)
         for key in list(sel.get_map().values()):
             with contextlib.suppress(OSError):
@@ -422,13 +470,78 @@ def _consume(st: RankState, chunk: bytes, sizes: Sequence[int], now: float,
     return relay
 
 
-def _relay(ranks: Sequence[RankState], payload: Mapping[str, Any]) -> None:
+def _relay(ranks: Sequence[RankState], payload: Mapping[str, Any], first: int = 1) -> None:
+    """Write what rank 0 published to the stdin of ``ranks[first:]``."""
     line = (json.dumps(dict(payload)) + "\n").encode()
-    for st in ranks[1:]:
+    for st in ranks[first:]:
         if st.proc and st.proc.stdin:
             with contextlib.suppress(OSError):
                 st.proc.stdin.write(line)
                 st.proc.stdin.flush()
+
+
+class _UidFetch:
+    """A thread that waits for the group's NCCL unique id in the cluster's store (every node but
+    the group's first), in slices of ``FETCH_SLICE_S`` so :meth:`stop` ends it promptly."""
+
+    def __init__(self, relay: StoreRelay, timeout_s: float) -> None:
+        self.relay, self.timeout_s = relay, timeout_s
+        self.started = time.monotonic()
+        self.value: str | None = None
+        self.error: str | None = None
+        self.timed_out = False
+        self.relayed = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._body, name="uid-fetch", daemon=True)
+        self._thread.start()
+
+    def _body(self) -> None:
+        deadline = self.started + self.timeout_s
+        try:
+            while not self._stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.timed_out = True
+                    return
+                got = self.relay.get(UID_KEY, min(FETCH_SLICE_S, left))
+                if got is not None:
+                    self.value = got
+                    return
+        except Exception as exc:  # the store's own errors: reported as the rendezvous failing
+            self.error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=FETCH_SLICE_S + 5)
+
+
+def _publish_uid(relay: StoreRelay, uid: str, ranks: Sequence[RankState]) -> Failure | None:
+    """The group's first node: put rank 0's unique id into the store for the other nodes."""
+    try:
+        relay.set(UID_KEY, uid)
+    except Exception as exc:  # the store's own errors
+        return Failure("error", f"could not publish rank 0's NCCL unique id to {relay.where}: "
+                       f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
+                       (ranks[0].rank,))
+    return None
+
+
+def _uid_missing(fetch: _UidFetch | None, ranks: Sequence[RankState], deadlines: Deadlines,
+                 now: float) -> Failure | None:
+    """The unique id did not come through the store: a rendezvous timeout naming global rank 0
+    (on another node) as what did not answer; this node's ranks are not blamed ("hung")."""
+    if fetch is None or fetch.value is not None:
+        return None
+    if fetch.error is not None:
+        return Failure("hung", f"{_names(ranks)} could not get the NCCL unique id from "
+                       f"{fetch.relay.where}: {fetch.error}", tuple(st.rank for st in ranks))
+    late = any(st.phase == "init" and now - st.entered > deadlines.init_s for st in ranks)
+    if not (fetch.timed_out or late):
+        return None
+    return Failure("hung", f"no NCCL unique id from global rank 0 (on the group's first node) in "
+                   f"{fetch.relay.where} within {now - fetch.started:.0f} s: that node's rank 0 "
+                   f"did not reach init (look at that node's output); {_names(ranks)} waited at "
+                   f"the rendezvous", tuple(st.rank for st in ranks))
 
 
 def _names(ranks: Sequence[RankState]) -> str:

@@ -18,9 +18,11 @@ Two engines (``--engine``, docs/bandwidth.md):
 
 ``auto`` takes nccl4py when the interpreter can import it, else torch; gloo is always torch.
 
-Across nodes (``preflight cluster``, ``--store HOST:PORT``): the torch engine only; every rank
-is a client of the cluster's store under ``--store-prefix``, ``--rank`` / ``--world-size``
-are global and ``--local-rank`` picks the GPU.
+Across nodes (``preflight cluster``, ``--store HOST:PORT``): ``--rank`` / ``--world-size`` are
+global and ``--local-rank`` picks the GPU. The torch engine's ranks are clients of the cluster's
+store under ``--store-prefix``; the nccl4py engine (only when asked for by name: ``auto`` with
+``--store`` stays torch) reads the unique id from stdin as on one node, the parents carrying it
+between nodes through the cluster's store.
 
 Method (docs/bandwidth.md): per size, ``warmup`` untimed all-reduces (communicator creation is in
 init, never timed), a barrier, then ``iters`` back-to-back all-reduces timed by CUDA events
@@ -139,11 +141,16 @@ def _read_rendezvous(key: str, timeout_s: float) -> Any:
 
 
 def _pick_engine(args: argparse.Namespace) -> str:
-    # Across nodes the ranks meet in the cluster's TCPStore: torch.distributed's engine.
-    if args.backend == "gloo" or args.engine == "torch" or args.store:
+    if args.backend == "gloo" or args.engine == "torch":
         return "torch"
     if args.engine == "nccl4py":
+        # Across nodes only when the cluster agent chose it for every node of the group (its
+        # parents relay the unique id through the cluster's store).
         return "nccl4py"
+    if args.store:
+        # auto across nodes: the engine must be the same on every node, which one node's
+        # interpreter cannot tell; torch.distributed meets in the cluster's TCPStore.
+        return "torch"
     import importlib.util
 
     found = all(importlib.util.find_spec(m) is not None for m in ("nccl", "cuda"))
@@ -452,10 +459,16 @@ def _run_nccl4py(args: argparse.Namespace, progress: Progress, sizes: list[int],
     from importlib import import_module
 
     cu = import_module("cuda.bindings.driver")
+    # The device is the local rank (across nodes --rank is global); on one node they are equal.
+    index = args.rank if args.local_rank is None else args.local_rank
 
     def make_context() -> Any:
         _cu_check(cu.cuInit(0))
-        dev = _cu_check(cu.cuDeviceGet(args.rank))
+        count = _cu_check(cu.cuDeviceGetCount())
+        if index >= count:
+            raise RuntimeError(f"rank {args.rank} needs cuda:{index} but CUDA sees {count} "
+                               "GPU(s)")
+        dev = _cu_check(cu.cuDeviceGet(index))
         return _cu_check(cu.cuDevicePrimaryCtxRetain(dev))
 
     ctx_job = _Background(make_context, "cuda-context")
@@ -465,12 +478,12 @@ def _run_nccl4py(args: argparse.Namespace, progress: Progress, sizes: list[int],
     nccl_raw = import_module("nccl.bindings.nccl")
     clock.lap("imports")
     ctx_job.join()
-    dev = cuda_core.Device(args.rank)
+    dev = cuda_core.Device(index)
     dev.set_current()
     stream = dev.create_stream()
     clock.lap("cuda_context")
     version, lib = _nccl_text(nccl)
-    progress.send("spawned", pid=os.getpid(), device=f"cuda:{args.rank}", engine="nccl4py",
+    progress.send("spawned", pid=os.getpid(), device=f"cuda:{index}", engine="nccl4py",
                   pci_bus_id=str(dev.pci_bus_id), nccl=version, libnccl=lib)
     progress.send("phase", phase="init")
 

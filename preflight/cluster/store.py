@@ -174,6 +174,28 @@ class Rendezvous:
             raise MasterLost(f"the master {self.master} did not answer: {_one_line(exc)}") from None
 
 
+class GroupRelay:
+    """The bench parent's :class:`preflight.bench.parent.StoreRelay` over this store, scoped to one
+    all-reduce group's keys (``prefix``, e.g. ``s3/g0/``): carries the nccl4py engine's unique id
+    from the group's first node to the others (docs/cluster.md)."""
+
+    def __init__(self, store: Rendezvous, prefix: str) -> None:
+        self._store = store
+        self._prefix = prefix
+        self.where = f"the cluster store at {store.master} (key {PREFIX}{prefix}...)"
+
+    def set(self, key: str, value: str) -> None:
+        self._store.set(self._prefix + key, value)
+
+    def get(self, key: str, timeout_s: float) -> str | None:
+        """The value once set, None when not set within ``timeout_s``; MasterLost when the master
+        stops answering."""
+        full = self._prefix + key
+        if not self._store.wait_for(full, time.monotonic() + timeout_s):
+            return None
+        return str(self._store.get(full))
+
+
 def _is_timeout(exc: BaseException) -> bool:
     return "timeout" in type(exc).__name__.lower() or "timeout" in str(exc).lower()[:200]
 

@@ -62,6 +62,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="arrival, node checks and parity only")
     p.add_argument("--expect-gpus", type=int, metavar="N",
                    help="GPUs each node must show (0 = CPU-only nodes), as in preflight check")
+    p.add_argument("--engine", choices=("auto", "torch", "nccl4py"),
+                   help="what the all-reduce workers run (default bench_engine, auto): nccl4py "
+                        "(no torch in the workers; auto takes it when every node's workers can "
+                        "import it) or torch.distributed; see docs/cluster.md")
     p.add_argument("--python", metavar="PATH",
                    help="the training environment's interpreter (fingerprint and workers)")
     p.add_argument("--json", action="store_true", help="print the JSON verdict")
@@ -96,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"needs torch.distributed for the rendezvous ({why}); install it next to "
                      "preflight: pip install 'cluster-preflight[torch]'", ExitCode.USAGE)
     ctx = build_context(args, {"expect_gpus": args.expect_gpus, "python": args.python,
+                               "bench_engine": args.engine,
                                "min_busbw_gbps": args.min_busbw, "multi_node": opts.nnodes > 1})
     return _run(args, opts, ctx)
 
@@ -113,12 +118,16 @@ def _run(args: argparse.Namespace, opts: Any, ctx: Any) -> int:
     if backend == "nccl" and nproc > visible:
         return _fail(f"--nproc-per-node {nproc} with nccl but this node shows {visible} GPU(s)",
                      ExitCode.USAGE)
+    if backend == "gloo" and ctx.config.bench_engine == "nccl4py":
+        return _fail("--engine nccl4py runs NCCL on GPUs; gloo needs --engine torch (or auto)",
+                     ExitCode.USAGE)
     size = args.size or ((256 << 20) if backend == "nccl" else (1 << 20))
     settings = RunSettings(backend=backend, nproc=nproc, size_bytes=size,
                            min_busbw_gbps=ctx.config.min_busbw_gbps,
                            bandwidth=not args.no_bandwidth,
                            bench_timeout_s=min(ctx.config.bench_timeout_s, 2 * opts.timeout_s),
-                           python=ctx.config.python or sys.executable)
+                           python=ctx.config.python or sys.executable,
+                           engine=ctx.config.bench_engine)
     me = opts.node_rank
 
     def progress(text: str) -> None:

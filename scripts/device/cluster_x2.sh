@@ -2,7 +2,10 @@
 # preflight cluster on two H200 GPUs (kind nvidia-h200-x2), issue 12's "On GPUs" section:
 #  A. two one-GPU "nodes" (CUDA_VISIBLE_DEVICES=0 and =1), NCCL over sockets (P2P and SHM off),
 #     each agent in its own network namespace on a bridge when the machine allows, else both on
-#     127.0.0.1; time to verdict of each agent (target under 10 s), 3 runs;
+#     127.0.0.1; time to verdict of each agent (target under 10 s), 3 runs with the default engine
+#     (auto: nccl4py, whose unique id crosses the nodes through the cluster store, when the
+#     carried wheels installed it), then 1 run with --engine torch for comparison; every summary
+#     line says which engine ran and the workers' phase times;
 #  B. one node of two GPUs (NVLink, 1 GiB, judged against the built-in 2x H200 figure);
 #  C. node 1's agent SIGSTOPped after it arrived: node 0 names it, nothing is left running;
 #  D. a floor no link reaches (--min-busbw 10000): the localisation rounds and their verdict.
@@ -19,6 +22,7 @@ PORT=$((20000 + RANDOM % 20000)); TAG=pfx2$$
 sec "machine $(date -u +%FT%TZ)"
 run nvidia-smi -L
 run python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version())"
+run python3 -c "import nccl.core, cuda.core, numpy; print('nccl4py', nccl.core.get_version())"
 
 # Network namespaces: a hub with a bridge, node namespaces n0/n1 with eth0 10.78.0.1/.2.
 NS=0
@@ -53,6 +57,8 @@ v = json.load(open(sys.argv[1]))
 ar = v.get("allreduce") or {}
 print(sys.argv[1].rsplit("/", 1)[-1], v["status"], "exit", v["exit_code"], "verdict in",
       v["elapsed_s"], "s; busbw", ar.get("busbw_gbps"), "GB/s;", ar.get("message"))
+print("  engine", ar.get("engine"), "nccl", ar.get("nccl_version"), ar.get("libnccl"),
+      "phase_times_s", ar.get("phase_times_s"), "first_allreduce_s", ar.get("first_allreduce_s"))
 print("  slow", v["slow_nodes"], "missing", v["missing_nodes"], "unresponsive",
       v["unresponsive_nodes"], "rounds", [(r["round"], [(g["nodes"], g["status"], g["busbw_gbps"])
       for g in r["groups"]]) for r in v["localisation"]["rounds"]])
@@ -70,6 +76,11 @@ for i in 1 2 3; do
   PORT=$((PORT + 1)); agent "a$i-n0" 0 0; agent "a$i-n1" 1 1; wait
   summary "$OUT/a$i-n0.json" "$OUT/a$i-n1.json"
 done
+
+sec "A-torch. the same, --engine torch (the engine before issue 12's nccl4py relay), 1 run"
+left A-torch && {
+PORT=$((PORT + 5)); agent at-n0 0 0 --engine torch; agent at-n1 1 1 --engine torch; wait
+summary "$OUT/at-n0.json" "$OUT/at-n1.json"; }
 
 sec "B. one node of two GPUs (NVLink: P2P and SHM allowed again)"
 left B && {

@@ -125,3 +125,10 @@ def test_node_rank_claimed_twice(port: int) -> None:
     assert rc == 2
     assert "node rank 1 is taken twice" in line and "--node-rank" in line
     assert finish(lead)[0] == 1 and finish(first)[0] == 1  # node 2 is missing
+
+
+def test_nccl4py_engine_with_gloo(port: int) -> None:
+    rc, line = one(["--nnodes", "1", "--node-rank", "0", "--master-addr", "127.0.0.1",
+                    "--master-port", str(port), "--backend", "gloo", "--engine", "nccl4py"])
+    assert rc == 2
+    assert "--engine nccl4py runs NCCL on GPUs" in line and "--engine torch" in line

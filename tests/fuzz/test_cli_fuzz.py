@@ -13,12 +13,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import resource
 import shutil
 import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -128,39 +128,63 @@ def _clean_env(extra: Mapping[str, str]) -> dict[str, str]:
     return base
 
 
+def _reap(proc: subprocess.Popen[bytes], deadline_s: float) -> tuple[int, int] | None:
+    """Wait for ``proc`` by ``wait4`` (exit code, peak RSS in bytes of that child alone), or None
+    when it is still running at the deadline. ``getrusage(RUSAGE_CHILDREN)`` would give the peak
+    of every child this pytest ever waited for, so an earlier test's torch worker would count."""
+    end = time.monotonic() + deadline_s
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, usage.ru_maxrss * 1024
+        if time.monotonic() > end:
+            return None
+        time.sleep(0.02)
+
+
 def _run(command: str, argv: Sequence[str], env: Mapping[str, str], *,
          stdin: bytes = b"") -> None:
     """Run the real CLI once and assert the contract."""
     full = [sys.executable, "-m", "preflight", command, *argv]
     started = time.monotonic()
-    proc = subprocess.Popen(full, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(full, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, env=_clean_env(env), start_new_session=True)
+    assert proc.stdin is not None and proc.stderr is not None
+    err = bytearray()
+    reader = threading.Thread(target=lambda: err.extend(proc.stderr.read()),  # type: ignore[union-attr]
+                              daemon=True)
+    reader.start()
+    with contextlib.suppress(BrokenPipeError):
+        proc.stdin.write(stdin)
+    with contextlib.suppress(BrokenPipeError):
+        proc.stdin.close()
     try:
         if command == "serve":
             # A daemon that started runs until told to stop: give it 2.5 s, then SIGTERM.
-            try:
-                out, err = proc.communicate(stdin, timeout=2.5)
-            except subprocess.TimeoutExpired:
+            done = _reap(proc, 2.5)
+            if done is None:
                 proc.send_signal(signal.SIGTERM)
-                out, err = proc.communicate(timeout=10)
+                done = _reap(proc, 10)
         else:
-            out, err = proc.communicate(stdin, timeout=RUN_DEADLINE_S)
-    except subprocess.TimeoutExpired:
-        raise AssertionError(f"hang: {full!r} env={dict(env)!r} ran past "
-                             f"{RUN_DEADLINE_S} s") from None
+            done = _reap(proc, RUN_DEADLINE_S)
+        if done is None:
+            raise AssertionError(f"hang: {full!r} env={dict(env)!r} ran past "
+                                 f"{RUN_DEADLINE_S} s")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # nothing it started may stay
-        proc.wait()
+        if proc.returncode is None:
+            proc.wait()
+    reader.join(timeout=10)
+    returncode, rss = done
     took = time.monotonic() - started
     text = err.decode(errors="replace")
     where = f"{full[3:]!r} env={dict(env)!r}"
     assert "Traceback (most recent call last)" not in text, f"{where}\n{text[-3000:]}"
-    assert proc.returncode in EXITS[command], f"{where}: exit {proc.returncode}\n{text[-2000:]}"
+    assert returncode in EXITS[command], f"{where}: exit {returncode}\n{text[-2000:]}"
     assert took < RUN_DEADLINE_S
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    assert rss < MAX_RSS_BYTES, f"{where}: a child reached {rss >> 20} MiB"
-    del out
+    assert rss < MAX_RSS_BYTES, f"{where}: the command reached {rss >> 20} MiB"
 
 
 _settings = settings(max_examples=4 * SCALE, deadline=None, database=None,

@@ -232,14 +232,17 @@ def judge(record: RunRecord, *, gpus: Sequence[Gpu] = (),
 
     last = rows[-1]
     busbw = last.busbw_gbps
-    link = method.link_bandwidth(gpus) if opts.backend == "nccl" else None
+    # A run across nodes (preflight cluster) is bound by the network between them: this node's
+    # NVLink / PCIe figures and the per-node table say nothing about it.
+    across = opts.world is not None and opts.world_size > opts.nproc
+    link = method.link_bandwidth(gpus) if opts.backend == "nccl" and not across else None
     eff = method.link_efficiency(busbw, link)
     at = f"busbw {busbw:.2f} GB/s at {fmt_bytes(last.size_bytes)} over {opts.world_size} ranks"
     link_text = (f"; link efficiency {eff:.2f} of {link.basis}" if link and eff is not None
                  else f"; link efficiency not shown: busbw is above the link figure {link.basis}"
                       f", so NVML's link figures are wrong" if link
-                 else "; link bandwidth unknown (no NVML figures)" if opts.backend == "nccl"
-                 else "")
+                 else "; link bandwidth unknown (no NVML figures)"
+                 if opts.backend == "nccl" and not across else "")
     if link and link.degraded:
         link_text += "; below the others: " + "; ".join(link.degraded)
     extra: dict[str, Any] = dict(busbw_gbps=round(busbw, 3),
@@ -256,7 +259,13 @@ def judge(record: RunRecord, *, gpus: Sequence[Gpu] = (),
                            remedy=REMEDY_SLOW if status is Status.FAIL else "",
                            expected_busbw_gbps=min_busbw_gbps, floor_source=floor_source)
 
-    ref = method.reference_for(gpus) if opts.backend == "nccl" else None
+    ref = method.reference_for(gpus) if opts.backend == "nccl" and not across else None
+    if ref is None and across and opts.backend == "nccl":
+        return BenchResult(**base, **extra, status=Status.WARN, reason="NoReference",
+                           message=f"{at} across nodes; no built-in expectation for the network "
+                                   "between nodes (the built-in table is per node).",
+                           remedy="Give the floor for the network between the nodes: preflight "
+                                  "cluster --min-busbw <GB/s> (or min_busbw_gbps in the config).")
     if ref is None:
         if opts.backend == "gloo":
             return BenchResult(**base, **extra, status=Status.PASS, reason="AllreduceOk",

@@ -36,3 +36,8 @@ CHECKS: tuple[Check, ...] = (
     Check(gpu_speed.NAME, gpu_speed.run, "per-GPU copy and matmul speed vs limits and peers",
           timeout_s=gpu_speed.timeout_s),
 )
+
+#: The checks that load the GPUs (skipped by --no-bandwidth, run by the prolog only with
+#: --bandwidth, by the daemon only in its bandwidth run on idle GPUs, never among cluster mode's
+#: node checks): one list for every command.
+GPU_LOAD_CHECKS: tuple[str, ...] = (allreduce.NAME, gpu_speed.NAME)

@@ -22,7 +22,7 @@ from typing import Any
 from preflight.bench import visible_gpus
 from preflight.bench.parent import BenchOptions, WorldSpec, run_workers
 from preflight.bench.verdict import judge
-from preflight.checks import CHECKS
+from preflight.checks import CHECKS, GPU_LOAD_CHECKS, master_port
 from preflight.cluster import localise, parity
 from preflight.cluster.options import ClusterOptions, ClusterUsageError
 from preflight.cluster.store import GroupRelay, MasterLost, Rendezvous
@@ -115,8 +115,12 @@ def node_facts(ctx: Context, opts: ClusterOptions, settings: RunSettings) -> dic
 
 
 def run_node_checks(ctx: Context) -> dict[str, Any]:
-    """The checks of ``preflight check --no-bandwidth``, as JSON (results + fingerprint)."""
-    report = run_checks(ctx, select(CHECKS, skip=["allreduce"]), mode="cluster")
+    """The checks of ``preflight check --no-bandwidth``, as JSON (results + fingerprint).
+
+    Without ``master_port`` too: the rendezvous has just proven that MASTER_ADDR resolves and its
+    port answers, and on node 0 that port is the cluster's own store (it would read as in use)."""
+    skip = [*GPU_LOAD_CHECKS, master_port.NAME]
+    report = run_checks(ctx, select(CHECKS, skip=skip), mode="cluster")
     data = report.to_json()
     fp = data.get("fingerprint") or {}
     return {"status": data["status"], "results": data["results"], "fingerprint": fp,

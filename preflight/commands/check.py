@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from preflight.checks import CHECKS
+from preflight.checks import CHECKS, GPU_LOAD_CHECKS
 from preflight.cli import Formatter, add_config_options, build_context, emit_report, report_exit
 from preflight.core.result import ExitCode
 from preflight.core.runner import SelectionError, run_checks, select
@@ -65,8 +65,7 @@ def run(args: argparse.Namespace) -> int:
         "min_busbw_gbps": args.min_busbw, "check_timeout_s": args.check_timeout_s,
     })
     names = {c.name for c in CHECKS}
-    # Both GPU load tests: the all-reduce and the per-GPU speed test.
-    skip = [*args.skip, *([n for n in ("allreduce", "gpu_speed") if n in names]
+    skip = [*args.skip, *([n for n in GPU_LOAD_CHECKS if n in names]
                           if args.no_bandwidth else [])]
     try:
         checks = select(CHECKS, only=args.only, skip=skip)

@@ -31,7 +31,7 @@ import socket
 import sys
 from pathlib import Path
 
-from preflight.checks import CHECKS
+from preflight.checks import CHECKS, GPU_LOAD_CHECKS
 from preflight.cli import Formatter, add_config_options, build_context
 from preflight.core.config import ConfigError
 from preflight.core.procgroup import GroupTimeout, run_in_group
@@ -137,7 +137,7 @@ def _judge(args: argparse.Namespace, node: str, scontrol: str) -> int:
                                    "python": args.python})
         skip = [s for s in args.skip.split(",") if s]
         if not args.bandwidth:
-            skip += ["allreduce", "gpu_speed"]  # the tests that load the GPUs
+            skip += GPU_LOAD_CHECKS
         checks = select(CHECKS, skip=skip)
     except (ConfigError, SelectionError) as exc:
         _say(f"configuration error: {exc}")

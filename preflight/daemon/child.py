@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from preflight.checks.allreduce import NAME as ALLREDUCE_CHECK
+from preflight.checks import GPU_LOAD_CHECKS
 from preflight.core.config import Config
 from preflight.core.result import Report, Result, Status
 from preflight.daemon.systemd import NOTIFY_VARS
@@ -55,8 +55,6 @@ class Runner(Protocol):
 ArgvFor = Callable[[RunKind, Config], Sequence[str]]
 
 
-#: The checks that load the GPUs: they run in the bandwidth run (idle GPUs only), not each interval.
-GPU_LOAD_CHECKS = (ALLREDUCE_CHECK, "gpu_speed")
 
 
 def run_deadline_s(kind: RunKind, config: Config, grace_s: float = CHILD_GRACE_S) -> float:

@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from preflight.bench.gate import blocker
+from preflight.checks import GPU_LOAD_CHECKS
 from preflight.checks.allreduce import NAME as ALLREDUCE_CHECK
 from preflight.core.config import Config, ConfigError, cut
 from preflight.core.result import Report, Status
 from preflight.daemon.child import (
     CHILD_GRACE_S,
-    GPU_LOAD_CHECKS,
     ChildRunner,
     RunKind,
     Runner,

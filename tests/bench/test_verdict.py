@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from preflight.bench.parent import (
     BenchOptions,
     Deadlines,
     Failure,
     RankState,
     RunRecord,
+    WorldSpec,
     _stalled,
     _step,
 )
@@ -66,6 +69,18 @@ def test_small_largest_size_is_not_failed_against_the_1gib_reference() -> None:
     res = judge(_record({s: _time_for(200, s) for s in sizes}, sizes=sizes), gpus=TWO_H200)
     assert res.status is Status.WARN and res.reason == "BusbwUnjudged"
     assert "--max-bytes 1G" in res.remedy
+
+
+def test_a_run_across_nodes_is_not_held_to_this_nodes_nvlink_or_table() -> None:
+    one_gpu_each = TWO_H200[:1]
+    rec = _record({s: _time_for(3, s) for s in SIZES}, nproc=1)
+    world = WorldSpec("10.0.0.1", 29400, "pfx", rank_offset=0, world_size=2)
+    rec = dataclasses.replace(rec, options=dataclasses.replace(rec.options, world=world))
+    res = judge(rec, gpus=one_gpu_each)
+    assert res.status is Status.WARN and res.reason == "NoReference", res.message
+    assert "across nodes" in res.message and "link efficiency" not in res.message
+    assert "preflight cluster --min-busbw" in res.remedy
+    assert judge(rec, gpus=one_gpu_each, min_busbw_gbps=2).status is Status.PASS
 
 
 def test_unknown_model_warns_and_explicit_floor_judges() -> None:

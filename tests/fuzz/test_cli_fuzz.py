@@ -122,8 +122,12 @@ def _clean_env(extra: Mapping[str, str]) -> dict[str, str]:
             and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                           "MASTER_PORT")}
     nvml, _ = _fixtures()
+    # The harness SIGKILLs each command's process group at the end (a daemon's bandwidth child
+    # may be mid-run): what such a child leaves in TMPDIR goes with the fixture directory.
+    tmp = FIXTURE_DIR / "tmp"
+    tmp.mkdir(exist_ok=True)
     base.update({"PYTHONPATH": str(REPO), "PREFLIGHT_NVML_FIXTURE": str(nvml),
-                 "SLURMD_NODENAME": "fuzz-node"})
+                 "SLURMD_NODENAME": "fuzz-node", "TMPDIR": str(tmp)})
     base.update(extra)
     return base
 

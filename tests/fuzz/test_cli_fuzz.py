@@ -132,19 +132,32 @@ def _clean_env(extra: Mapping[str, str]) -> dict[str, str]:
     return base
 
 
-def _reap(proc: subprocess.Popen[bytes], deadline_s: float) -> tuple[int, int] | None:
-    """Wait for ``proc`` by ``wait4`` (exit code, peak RSS in bytes of that child alone), or None
-    when it is still running at the deadline. ``getrusage(RUSAGE_CHILDREN)`` would give the peak
-    of every child this pytest ever waited for, so an earlier test's torch worker would count."""
-    end = time.monotonic() + deadline_s
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            return proc.returncode, usage.ru_maxrss * 1024
-        if time.monotonic() > end:
-            return None
-        time.sleep(0.02)
+#: Runs the command as its own child (SIGTERM / SIGINT passed on to it) and writes that child's
+#: peak RSS (bytes) to the file named by its first argument. The peak is measured one process
+#: away from pytest on purpose: a child forked (or vforked) from a big process keeps that
+#: process's high-water mark across exec, so wait4 on a direct child of this pytest, after torch
+#: was loaded by other tests, reads ~500 MiB for any command.
+_LAUNCHER = """
+import os, signal, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.argv[2], sys.argv[2:])
+for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, lambda signum, frame: os.kill(pid, signum))
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write(str(usage.ru_maxrss * 1024))
+code = os.waitstatus_to_exitcode(status)
+sys.exit(code if code >= 0 else 128 - code)
+"""
+
+
+def _reap(proc: subprocess.Popen[bytes], deadline_s: float) -> int | None:
+    """The exit code of ``proc``, or None when it is still running at the deadline."""
+    try:
+        return proc.wait(timeout=deadline_s)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def _run(command: str, argv: Sequence[str], env: Mapping[str, str], *,
@@ -152,7 +165,10 @@ def _run(command: str, argv: Sequence[str], env: Mapping[str, str], *,
     """Run the real CLI once and assert the contract."""
     full = [sys.executable, "-m", "preflight", command, *argv]
     started = time.monotonic()
-    proc = subprocess.Popen(full, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+    FIXTURE_DIR.mkdir(exist_ok=True)
+    rss_file = FIXTURE_DIR / f"rss-{time.monotonic_ns()}"
+    proc = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(rss_file), *full],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, env=_clean_env(env), start_new_session=True)
     assert proc.stdin is not None and proc.stderr is not None
     err = bytearray()
@@ -181,7 +197,8 @@ def _run(command: str, argv: Sequence[str], env: Mapping[str, str], *,
         if proc.returncode is None:
             proc.wait()
     reader.join(timeout=10)
-    returncode, rss = done
+    returncode = done
+    rss = int(rss_file.read_text())
     took = time.monotonic() - started
     text = err.decode(errors="replace")
     where = f"{full[3:]!r} env={dict(env)!r}"

@@ -314,16 +314,7 @@ def _run(opts: BenchOptions, started: float, deadlines: Deadlines, log_dir: str,
         failing_since: float | None = None
         while failure is None:
             now = time.monotonic()
-            for key, _ in sel.select(timeout=0.1):
-                st = key.data
-                try:
-                    chunk = os.read(key.fd, 65536)
-                except OSError:
-                    chunk = b""
-                if not chunk:
-                    sel.unregister(key.fd)
-                    os.close(key.fd)
-                    continue
+            for st, chunk in read_ready(sel, 0.1):
                 relay = _consume(st, chunk, opts.sizes, now, on_progress)
                 if relay is not None:
                     if "port" in relay:
@@ -356,13 +347,7 @@ def _run(opts: BenchOptions, started: float, deadlines: Deadlines, log_dir: str,
     finally:
         if fetch is not None:
             fetch.stop()
-        _kill_all(ranks)
-        for key in list(sel.get_map().values()):
-            with contextlib.suppress(OSError):
-                os.close(key.fd)
-        sel.close()
-        for f in logs:
-            f.close()
+        close_run(ranks, sel, logs)
         if not completed and not keep:
             # Interrupted (SIGINT, SIGTERM): no report follows, so nothing of the run may stay.
             shutil.rmtree(log_dir, ignore_errors=True)
@@ -393,23 +378,65 @@ def _spawn(st: RankState, opts: BenchOptions, *, env: dict[str, str], log_dir: s
     if w is not None:
         argv += ["--local-rank", str(st.rank), "--store", f"{w.store_host}:{w.store_port}",
                  "--store-prefix", w.store_prefix]
+    st.spawned_wall = time.time()
+    exc = launch(st, argv, pipe=(read_fd, write_fd), env=env, log_dir=log_dir, sel=sel,
+                 logs=logs)
+    if exc is not None:
+        return Failure("spawn", f"cannot start rank {st.rank} ({' '.join(argv[:3])}): {exc}",
+                       (st.rank,))
+    return None
+
+
+def launch(st: RankState, argv: Sequence[str], *, pipe: tuple[int, int], env: Mapping[str, str],
+           log_dir: str, sel: selectors.BaseSelector, logs: list[Any]) -> OSError | None:
+    """Start one worker in its own session with ``pipe``'s write end as its progress fd and its
+    output in ``log_dir/rank<N>.log``; register the read end in ``sel`` with ``st`` as data.
+    Shared by the all-reduce and the gpu_speed workers; the OSError when it cannot start."""
+    read_fd, write_fd = pipe
     log = open(Path(log_dir) / f"rank{st.rank}.log", "wb")  # noqa: SIM115 - closed by the caller
     logs.append(log)
-    st.spawned_wall = time.time()
     try:
         st.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log,
                                    stderr=subprocess.STDOUT, env=env, pass_fds=(write_fd,),
                                    start_new_session=True, close_fds=True)
     except OSError as exc:
         os.close(read_fd)
-        return Failure("spawn", f"cannot start rank {st.rank} ({' '.join(argv[:3])}): {exc}",
-                       (st.rank,))
+        return exc
     finally:
         os.close(write_fd)
     st.pid = st.proc.pid
     os.set_blocking(read_fd, False)
     sel.register(read_fd, selectors.EVENT_READ, st)
     return None
+
+
+def read_ready(sel: selectors.BaseSelector, timeout: float) -> list[tuple[Any, bytes]]:
+    """(registered data, bytes) for each progress pipe with output within ``timeout``; a pipe at
+    end of file is unregistered and closed."""
+    got = []
+    for key, _ in sel.select(timeout=timeout):
+        try:
+            chunk = os.read(key.fd, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            sel.unregister(key.fd)
+            os.close(key.fd)
+            continue
+        got.append((key.data, chunk))
+    return got
+
+
+def close_run(ranks: Sequence[RankState], sel: selectors.BaseSelector,
+              logs: Sequence[Any]) -> None:
+    """Kill and reap every worker, close the progress pipes, the selector and the log files."""
+    _kill_all(ranks)
+    for key in list(sel.get_map().values()):
+        with contextlib.suppress(OSError):
+            os.close(key.fd)
+    sel.close()
+    for f in logs:
+        f.close()
 
 
 def _consume(st: RankState, chunk: bytes, sizes: Sequence[int], now: float,

@@ -22,7 +22,6 @@ import json
 import os
 import selectors
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -38,7 +37,9 @@ from preflight.bench.parent import (
     RankState,
     _collect_tracebacks,
     _exit_text,
-    _kill_all,
+    close_run,
+    launch,
+    read_ready,
 )
 
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
@@ -124,16 +125,8 @@ def run_workers(opts: SpeedOptions) -> SpeedRecord:
         failing_since: float | None = None
         gate_since: float | None = None
         while failure is None:
-            for key, _ in sel.select(timeout=0.05):
-                try:
-                    chunk = os.read(key.fd, 65536)
-                except OSError:
-                    chunk = b""
-                if not chunk:
-                    sel.unregister(key.fd)
-                    os.close(key.fd)
-                    continue
-                _consume(key.data, chunk, time.monotonic())
+            for st, chunk in read_ready(sel, 0.05):
+                _consume(st, chunk, time.monotonic())
             now = time.monotonic()
             if all(st.phase == "done" and st.proc and st.proc.poll() == 0 for st in workers):
                 break
@@ -161,13 +154,7 @@ def run_workers(opts: SpeedOptions) -> SpeedRecord:
     finally:
         if held and opts.gate is not None:
             opts.gate.release()
-        _kill_all(workers)
-        for key in list(sel.get_map().values()):
-            with contextlib.suppress(OSError):
-                os.close(key.fd)
-        sel.close()
-        for f in logs:
-            f.close()
+        close_run(workers, sel, logs)
     _collect_tracebacks(workers, log_dir)
     shutil.rmtree(log_dir, ignore_errors=True)
     return SpeedRecord(workers, failure, time.monotonic() - started)
@@ -179,21 +166,11 @@ def _spawn(st: WorkerState, opts: SpeedOptions, *, env: dict[str, str], log_dir:
     argv = [opts.python, str(WORKER_SCRIPT), "--pci-bus-id", opts.bus_ids[st.rank],
             "--cuda-index", str(opts.cuda_indices[st.rank]), "--engine", opts.engine,
             "--kinds", ",".join(opts.kinds), "--progress-fd", str(write_fd)]
-    log = open(Path(log_dir) / f"rank{st.rank}.log", "wb")  # noqa: SIM115 - closed by the caller
-    logs.append(log)
-    try:
-        st.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log,
-                                   stderr=subprocess.STDOUT, env=env, pass_fds=(write_fd,),
-                                   start_new_session=True, close_fds=True)
-    except OSError as exc:
-        os.close(read_fd)
+    exc = launch(st, argv, pipe=(read_fd, write_fd), env=env, log_dir=log_dir, sel=sel,
+                 logs=logs)
+    if exc is not None:
         return WorkerFailure("spawn", f"cannot start the worker for {st.label} ({opts.python}): "
                             f"{exc}", (st.rank,))
-    finally:
-        os.close(write_fd)
-    st.pid = st.proc.pid
-    os.set_blocking(read_fd, False)
-    sel.register(read_fd, selectors.EVENT_READ, st)
     return None
 
 

@@ -11,7 +11,7 @@ name) and ``--node-rank`` (the pod's completion index) explicitly.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 #: The default master port when neither --master-port nor MASTER_PORT is given (torchrun's).
@@ -67,6 +67,15 @@ def _int(raw: str | None, name: str) -> int | None:
         raise ClusterUsageError(f"{name}={raw!r} is not an integer") from None
 
 
+def _first_int(env: Mapping[str, str], names: Sequence[str]) -> tuple[int | None, str]:
+    """The first of ``names`` set in ``env`` as an integer, and its name; (None, "") if none."""
+    for name in names:
+        value = _int(env.get(name), name)
+        if value is not None:
+            return value, name
+    return None, ""
+
+
 def resolve(*, nnodes: int | None, node_rank: int | None, master_addr: str | None,
             master_port: int | None, timeout_s: float | None,
             env: Mapping[str, str]) -> ClusterOptions:
@@ -74,21 +83,18 @@ def resolve(*, nnodes: int | None, node_rank: int | None, master_addr: str | Non
     sources: list[str] = []
     lws = _int(env.get("LOCAL_WORLD_SIZE"), "LOCAL_WORLD_SIZE")
     if nnodes is None:
-        for name in ("NNODES", "GROUP_WORLD_SIZE", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"):
-            nnodes = _int(env.get(name), name)
-            if nnodes is not None:
-                sources.append(f"nnodes from {name}")
-                break
+        nnodes, name = _first_int(env, ("NNODES", "GROUP_WORLD_SIZE", "SLURM_NNODES",
+                                        "SLURM_JOB_NUM_NODES"))
+        if nnodes is not None:
+            sources.append(f"nnodes from {name}")
         ws = _int(env.get("WORLD_SIZE"), "WORLD_SIZE")
         if nnodes is None and ws is not None and lws:
             nnodes, _ = divmod(ws, lws)
             sources.append("nnodes from WORLD_SIZE / LOCAL_WORLD_SIZE")
     if node_rank is None:
-        for name in ("NODE_RANK", "GROUP_RANK", "SLURM_NODEID"):
-            node_rank = _int(env.get(name), name)
-            if node_rank is not None:
-                sources.append(f"node rank from {name}")
-                break
+        node_rank, name = _first_int(env, ("NODE_RANK", "GROUP_RANK", "SLURM_NODEID"))
+        if node_rank is not None:
+            sources.append(f"node rank from {name}")
         rank = _int(env.get("RANK"), "RANK")
         if node_rank is None and rank is not None and lws:
             node_rank = rank // lws

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -43,3 +44,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture
 def update_golden(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-golden"))
+
+
+@pytest.fixture
+def scontrol(tmp_path: Path) -> tuple[Path, Path]:
+    """A recording stand-in for scontrol: (its path, the file its argv goes to, one per line,
+    each call ended by ``---``)."""
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "scontrol"
+    fake.write_text(f'#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done >> {calls}\n'
+                    f'echo --- >> {calls}\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    return fake, calls

@@ -3,23 +3,12 @@ warnings and undecided runs let the job go. scontrol is a recording stand-in (ar
 
 from __future__ import annotations
 
-import stat
 from pathlib import Path
 
 import pytest
 
 from tests import topologies
 from tests.helpers import run_cli, write_fixture
-
-
-@pytest.fixture
-def scontrol(tmp_path: Path) -> tuple[Path, Path]:
-    calls = tmp_path / "calls.txt"
-    fake = tmp_path / "scontrol"
-    fake.write_text(f'#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done >> {calls}\n'
-                    f'echo --- >> {calls}\n')
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    return fake, calls
 
 
 def _prolog(tmp_path: Path, snap: object, fake: Path, *args: str,

@@ -1,12 +1,11 @@
 """The real ``preflight prolog`` never drains a node for preflight's own trouble (issue #11).
 
-scontrol is a recording stand-in (its argv to a file), as in tests/foundation/test_prolog.py; the
+scontrol is a recording stand-in (its argv to a file; the fixture is in tests/conftest.py); the
 prolog is the real CLI in a subprocess."""
 
 from __future__ import annotations
 
 import os
-import stat
 import time
 from pathlib import Path
 
@@ -17,16 +16,6 @@ from tests import topologies
 from tests.helpers import run_cli, write_fixture
 
 SKIP = "network,master_port,versions"
-
-
-@pytest.fixture
-def scontrol(tmp_path: Path) -> tuple[Path, Path]:
-    calls = tmp_path / "calls.txt"
-    fake = tmp_path / "scontrol"
-    fake.write_text(f'#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done >> {calls}\n'
-                    f'echo --- >> {calls}\n')
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    return fake, calls
 
 
 def _prolog(tmp_path: Path, fake: Path, *args: str, env: dict[str, str] | None = None,

@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from preflight import __version__
@@ -118,15 +118,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def emit_report(report: Report, *, as_json: bool) -> None:
-    """Write a Report to stdout as JSON or as the terminal table."""
+def emit(*, as_json: bool, data: Callable[[], Any], text: Callable[[], str]) -> None:
+    """Write a command's result to stdout: ``data()`` as indented JSON, or ``text()`` (only the
+    chosen form is built)."""
     if as_json:
-        json.dump(report.to_json(), sys.stdout, indent=2)
+        json.dump(data(), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
+        sys.stdout.write(text() + "\n")
+
+
+def emit_report(report: Report, *, as_json: bool) -> None:
+    """Write a Report to stdout as JSON or as the terminal table."""
+
+    def table() -> str:
         from preflight.outputs.table import render
 
-        sys.stdout.write(render(report, colour=sys.stdout.isatty()) + "\n")
+        return render(report, colour=sys.stdout.isatty())
+
+    emit(as_json=as_json, data=report.to_json, text=table)
 
 
 def report_exit(report: Report, *, strict: bool) -> int:

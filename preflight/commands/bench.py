@@ -7,10 +7,9 @@ Exit codes as every one-shot command: 0 PASS/SKIP/WARN, 1 FAIL (slow, stalled ra
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from preflight.cli import Formatter, add_config_options, build_context
+from preflight.cli import Formatter, add_config_options, build_context, emit
 from preflight.core.config import RANGES
 from preflight.core.result import ExitCode, exit_code
 
@@ -100,11 +99,7 @@ def run_gpu(args: argparse.Namespace) -> int:
     ctx = build_context(args, {"gpu_speed_timeout_s": args.timeout, "python": args.python,
                                "gpu_speed_engine": args.gpu_engine})
     verdict = run_speed(ctx, include_busy=True)
-    if args.json:
-        json.dump(verdict.to_json(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(render_table(verdict) + "\n")
+    emit(as_json=args.json, data=verdict.to_json, text=lambda: render_table(verdict))
     return int(exit_code(verdict.status))
 
 
@@ -138,9 +133,5 @@ def run(args: argparse.Namespace) -> int:
     if result.debug_log:
         print(f"preflight bench: worker output (NCCL_DEBUG=INFO) kept in {result.debug_log}",
               file=sys.stderr)
-    if args.json:
-        json.dump(result.to_json(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(render_table(result) + "\n")
+    emit(as_json=args.json, data=result.to_json, text=lambda: render_table(result))
     return int(exit_code(result.status))

@@ -8,12 +8,11 @@ master stopped answering, torch missing).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from typing import Any
 
-from preflight.cli import Formatter, add_config_options, build_context
+from preflight.cli import Formatter, add_config_options, build_context, emit
 from preflight.core.result import ExitCode
 
 
@@ -155,9 +154,6 @@ def _run(args: argparse.Namespace, opts: Any, ctx: Any) -> int:
                      "--log-level debug and report the traceback", ExitCode.UNDECIDED)
     finally:
         store.close()
-    if args.json:
-        json.dump(verdict, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(render(verdict, full=me == 0 or args.verbose, node_rank=me) + "\n")
+    emit(as_json=args.json, data=lambda: verdict,
+         text=lambda: render(verdict, full=me == 0 or args.verbose, node_rank=me))
     return int(verdict["exit_code"])

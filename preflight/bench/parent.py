@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import selectors
 import shutil
 import signal
@@ -56,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from preflight.bench import leftovers
 from preflight.core.units import fmt_bytes
 
 PHASES = ("spawn", "init", "warmup", "measure", "verify", "done")
@@ -151,8 +153,11 @@ class BenchOptions:
     python: str = sys.executable
     #: "auto" (nccl4py when the interpreter has it, else torch), "torch" or "nccl4py".
     engine: str = "auto"
-    #: nccl4py's buffer: "device" (cuda.core's allocator) or "nccl" (ncclMemAlloc).
+    #: nccl4py's buffer: "device" (cuMemAlloc) or "nccl" (ncclMemAlloc).
     alloc: str = "device"
+    #: nccl4py: load this libnccl (the training environment's, bench._interpreter) instead of
+    #: the one cuda-pathfinder finds for the workers' interpreter
+    libnccl: str | None = None
     world: WorldSpec | None = None
 
     @property
@@ -218,6 +223,8 @@ class RunRecord:
     #: seconds from the last rank's "done" to every worker's exit (communicator and CUDA
     #: context torn down)
     teardown_s: float | None = None
+    #: NCCL files the workers left in /dev/shm, removed by the parent (bench/leftovers.py)
+    shm_removed: tuple[str, ...] = ()
 
 
 def _step(phase: str, size: int | None, sizes: Sequence[int]) -> int:
@@ -298,6 +305,8 @@ def _run(opts: BenchOptions, started: float, deadlines: Deadlines, log_dir: str,
     all_done: float | None = None
     w = opts.world
     fetch: _UidFetch | None = None
+    shm_before = leftovers.snapshot() if opts.backend == "nccl" else None
+    shm_removed: tuple[str, ...] = ()
     try:
         if w is not None and opts.engine == "nccl4py" and w.relay is None:
             failure = Failure("spawn", "the nccl4py engine across nodes needs the cluster store "
@@ -331,6 +340,12 @@ def _run(opts: BenchOptions, started: float, deadlines: Deadlines, log_dir: str,
             now = time.monotonic()
             if all_done is None and all(st.phase == "done" for st in ranks):
                 all_done = now
+            if all_done is not None:
+                # Everything is reported: wait on the exits themselves, waking the moment the
+                # last one is reaped (a pipe reaches end of file while its process still closes
+                # its GPU files; polling the pipes would add up to their 0.1 s timeout). Exits
+                # that take longer than a step's deadline fall through to the run's own.
+                _await_exits(ranks, max(0.0, all_done + deadlines.step_s - now))
             if all(st.phase == "done" and st.proc and st.proc.poll() == 0 for st in ranks):
                 break
             broken = any(st.error or (st.proc and st.proc.poll() not in (None, 0))
@@ -348,6 +363,9 @@ def _run(opts: BenchOptions, started: float, deadlines: Deadlines, log_dir: str,
         if fetch is not None:
             fetch.stop()
         close_run(ranks, sel, logs)
+        if shm_before is not None:
+            # Every worker is reaped: what NCCL left in /dev/shm has no owner any more.
+            shm_removed = leftovers.remove_orphans(shm_before)
         if not completed and not keep:
             # Interrupted (SIGINT, SIGTERM): no report follows, so nothing of the run may stay.
             shutil.rmtree(log_dir, ignore_errors=True)
@@ -358,7 +376,7 @@ def _run(opts: BenchOptions, started: float, deadlines: Deadlines, log_dir: str,
     return RunRecord(options=opts, ranks=ranks, failure=failure, store_port=store_port,
                      log_dir=log_dir if keep else None, elapsed_s=ended - started,
                      teardown_s=ended - all_done if all_done is not None and not failure
-                     else None)
+                     else None, shm_removed=shm_removed)
 
 
 def _spawn(st: RankState, opts: BenchOptions, *, env: dict[str, str], log_dir: str,
@@ -375,6 +393,8 @@ def _spawn(st: RankState, opts: BenchOptions, *, env: dict[str, str], log_dir: s
             "--engine", opts.engine, "--alloc", opts.alloc, "--parent-pid", str(os.getpid()),
             # torch's own deadline is a backstop behind the parent's, so the parent names the rank.
             "--timeout-s", f"{opts.timeout_s + 30:g}"]
+    if opts.libnccl:
+        argv += ["--libnccl", opts.libnccl]
     if w is not None:
         argv += ["--local-rank", str(st.rank), "--store", f"{w.store_host}:{w.store_port}",
                  "--store-prefix", w.store_prefix]
@@ -720,6 +740,29 @@ def _broken(ranks: Sequence[RankState]) -> Failure:
     how = _exit_text(first.proc.poll() if first.proc else None)
     return Failure("died", f"{_names(dead)} {how} in {first.where()} without a report",
                    tuple(st.rank for st in dead))
+
+
+def _await_exits(ranks: Sequence[RankState], timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` in all for the workers to exit, waking the moment each does (a
+    pidfd where Linux has them; Popen.wait polls in steps of up to 50 ms)."""
+    end = time.monotonic() + timeout_s
+    for st in ranks:
+        if st.proc is None or st.proc.returncode is not None:
+            continue
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        try:
+            fd = os.pidfd_open(st.proc.pid)
+        except (AttributeError, OSError):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                st.proc.wait(timeout=left)
+            continue
+        try:
+            select.select([fd], [], [], left)
+        finally:
+            os.close(fd)
+        st.proc.poll()
 
 
 def _kill_all(ranks: Sequence[RankState]) -> None:

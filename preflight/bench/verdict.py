@@ -79,6 +79,8 @@ class BenchResult:
     nccl_version: str | None = None
     libnccl: str | None = None
     first_allreduce_s: float | None = None
+    #: NCCL files the workers left in /dev/shm, removed after the run (bench/leftovers.py)
+    shm_removed: tuple[str, ...] = ()
 
     def details(self) -> dict[str, Any]:
         """Flat facts for a check Result and metrics."""
@@ -105,7 +107,8 @@ class BenchResult:
                 "libnccl": self.libnccl,
                 "phase_times_s": {k: round(v, 4) for k, v in self.phase_times_s.items()},
                 "first_allreduce_s": (round(self.first_allreduce_s, 4)
-                                      if self.first_allreduce_s is not None else None)}
+                                      if self.first_allreduce_s is not None else None),
+                "shm_removed": list(self.shm_removed)}
 
 
 def rows_of(record: RunRecord) -> list[Row]:
@@ -151,6 +154,13 @@ def phase_times(record: RunRecord) -> dict[str, float]:
     return out
 
 
+def _shm_note(record: RunRecord) -> tuple[str, ...]:
+    if not record.shm_removed:
+        return ()
+    return (f"removed {len(record.shm_removed)} NCCL file(s) the workers left in /dev/shm: "
+            f"{', '.join(record.shm_removed)}",)
+
+
 def _run_facts(record: RunRecord) -> dict[str, Any]:
     first = [st.first_allreduce_s for st in record.ranks if st.first_allreduce_s is not None]
     return dict(phase_times_s=phase_times(record),
@@ -158,7 +168,8 @@ def _run_facts(record: RunRecord) -> dict[str, Any]:
                 nccl_version=next((st.nccl_version for st in record.ranks if st.nccl_version),
                                   None),
                 libnccl=next((st.libnccl for st in record.ranks if st.libnccl), None),
-                first_allreduce_s=max(first) if first else None)
+                first_allreduce_s=max(first) if first else None,
+                shm_removed=record.shm_removed)
 
 
 def judge(record: RunRecord, *, gpus: Sequence[Gpu] = (),
@@ -179,7 +190,7 @@ def judge(record: RunRecord, *, gpus: Sequence[Gpu] = (),
         backend=opts.backend, world_size=opts.world_size, devices=devices, rows=tuple(rows),
         store_port=record.store_port, pids=tuple(st.pid for st in record.ranks if st.pid),
         debug_log=debug_log, nccl=nccl_info.to_json() if nccl_info else None,
-        elapsed_s=record.elapsed_s, notes=tuple(notes), **_run_facts(record))
+        elapsed_s=record.elapsed_s, notes=tuple(notes) + _shm_note(record), **_run_facts(record))
     nccl_text = f" NCCL chose: {nccl_info.text()}." if nccl_info else ""
     log_text = f" Worker logs: {debug_log}" if debug_log else " Rerun with --debug to keep logs."
 

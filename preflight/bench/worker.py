@@ -9,10 +9,12 @@ rank that is alive but waiting in a collective for a peer.
 
 Two engines (``--engine``, docs/bandwidth.md):
 
-* ``nccl4py``: no torch. NVIDIA's ``nccl4py`` (``nccl.core``) over ``cuda.core`` /
-  ``cuda-bindings``; ``cuda-pathfinder`` loads the ``libnccl.so.2`` of the interpreter's
-  environment (the training venv with ``--python``). Rendezvous: rank 0 makes the NCCL unique id
-  and reports it, the parent writes it to the other ranks' stdin. No TCP store.
+* ``nccl4py``: no torch. NVIDIA's ``nccl4py`` (its C API binding ``nccl.bindings.nccl``) and
+  ``cuda-bindings`` (the driver API); ``cuda-pathfinder`` loads the ``libnccl.so.2`` of the
+  interpreter's environment (the training venv with ``--python``), or the one ``--libnccl``
+  names. The buffer is filled and checked on the GPU by two small PTX kernels. Rendezvous: rank
+  0 makes the NCCL unique id and reports it, the parent writes it to the other ranks' stdin. No
+  TCP store.
 * ``torch``: ``torch.distributed`` (NCCL, or gloo on CPU). Rendezvous: rank 0 hosts a TCPStore on
   127.0.0.1 with port 0, so the OS picks a free port; the parent relays it like the unique id.
 
@@ -55,8 +57,6 @@ HEARTBEAT_S = 0.5
 #: Length of the repeating data pattern; values stay small integers so float32 sums are exact.
 PATTERN_LEN = 4096
 CORRUPT_ENV = "PREFLIGHT_BENCH_TEST_CORRUPT_RANK"
-#: Host staging chunk of the nccl4py engine's fill and check (pinned, reused for every size).
-STAGE_BYTES = 64 << 20
 _PR_SET_PDEATHSIG = 1
 #: Sockets whose file descriptors a TCPStore serves on (closed with the process).
 _KEEP_OPEN: list[Any] = []
@@ -110,7 +110,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--backend", choices=("nccl", "gloo"), required=True)
     p.add_argument("--engine", choices=("auto", "torch", "nccl4py"), default="auto")
     p.add_argument("--alloc", choices=("device", "nccl"), default="device",
-                   help="nccl4py: cuda.core's device allocator, or ncclMemAlloc")
+                   help="nccl4py: cuMemAlloc, or ncclMemAlloc")
+    p.add_argument("--libnccl", default=None, metavar="PATH",
+                   help="nccl4py: load this libnccl.so.2 (the training environment's) first")
     p.add_argument("--sizes", required=True, help="comma-separated byte counts")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
@@ -171,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     phase = "spawn"
     engine = "torch"
+    code = 0
     try:
         engine = _pick_engine(args)
         runner = _run_nccl4py if engine == "nccl4py" else _run_torch
@@ -178,15 +181,17 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         progress.send("error", phase=phase, error=f"{type(exc).__name__}: {exc}",
                       traceback=traceback.format_exc()[-4000:])
-        return 1
+        code = 1
     if engine == "nccl4py":
-        # Everything is reported, the communicator destroyed and the memory freed: skip the
-        # interpreter's finalisation (the parent waits for this exit; the driver releases the
-        # context either way).
+        # Everything is reported: the process exit releases the CUDA context, the buffers and
+        # NCCL's threads and sockets at once, and the parent waits for it before it reports.
+        # ncclCommDestroy first would add 0.5 s (NCCL's proxy service thread sees the stop only
+        # at its 500 ms poll timeout; docs/benchmarks.md); the interpreter's finalisation is
+        # skipped for the same reason.
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
-    return 0
+        os._exit(code)
+    return code
 
 
 class Clock:
@@ -438,20 +443,72 @@ class _Background:
         return self.result
 
 
-def _nccl_text(nccl: Any) -> tuple[str, str | None]:
-    """("2.28.9", "/path/libnccl.so.2") of the libnccl that nccl4py loaded."""
-    info = nccl.get_version()
-    lib = getattr(info, "libnccl", None)
-    version = getattr(lib, "version", None)
-    path = getattr(lib, "path", None)
-    return (str(version) if version is not None else str(info)), (str(path) if path else None)
+#: ncclDataType_t / ncclRedOp_t values of nccl.h (a stable ABI): ncclFloat32, ncclSum.
+NCCL_FLOAT32 = 7
+NCCL_SUM = 0
+
+
+def _nccl_version_text(code: int) -> str:
+    """ncclGetVersion's integer as NCCL prints it: 22809 -> "2.28.9" (1000s before 2.9)."""
+    if code >= 10000:
+        return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
+    return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
+
+
+def _preload(library: str) -> None:
+    """Load ``library`` globally before nccl4py asks cuda-pathfinder for libnccl: pathfinder takes
+    a libnccl.so.2 that is already loaded, so nccl4py runs the training environment's NCCL."""
+    try:
+        ctypes.CDLL(library, mode=os.RTLD_GLOBAL)
+    except OSError as exc:
+        raise RuntimeError(f"cannot load the training environment's NCCL {library}: {exc}") \
+            from None
+
+
+class _Gpu:
+    """This rank's GPU through the CUDA driver API (``cuda.bindings.driver``): its primary context,
+    one non-blocking stream and timing events."""
+
+    def __init__(self, cu: Any, index: int, rank: int) -> None:
+        self.cu = cu
+        _cu_check(cu.cuInit(0))
+        count = _cu_check(cu.cuDeviceGetCount())
+        if index >= count:
+            raise RuntimeError(f"rank {rank} needs cuda:{index} but CUDA sees {count} GPU(s)")
+        self.device = _cu_check(cu.cuDeviceGet(index))
+        self.context = _cu_check(cu.cuDevicePrimaryCtxRetain(self.device))
+        self.make_current()
+        raw = _cu_check(cu.cuDeviceGetPCIBusId(32, self.device))
+        self.pci_bus_id = (raw if isinstance(raw, str) else bytes(raw).decode()).split("\0")[0]
+        self.stream = _cu_check(cu.cuStreamCreate(1))  # CU_STREAM_NON_BLOCKING
+        self.s_handle = int(self.stream)
+
+    def make_current(self) -> None:
+        """The context is per thread: every thread that calls CUDA or NCCL sets it first."""
+        _cu_check(self.cu.cuCtxSetCurrent(self.context))
+
+    def sync(self) -> None:
+        _cu_check(self.cu.cuStreamSynchronize(self.stream))
+
+    def event(self) -> Any:
+        return _cu_check(self.cu.cuEventCreate(0))  # CU_EVENT_DEFAULT: timing enabled
+
+    def record(self, event: Any) -> None:
+        _cu_check(self.cu.cuEventRecord(event, self.stream))
+
+    def elapsed_s(self, start: Any, end: Any) -> float:
+        _cu_check(self.cu.cuEventSynchronize(end))
+        fn = getattr(self.cu, "cuEventElapsedTime", None) or self.cu.cuEventElapsedTime_v2
+        return float(_cu_check(fn(start, end))) / 1e3
 
 
 def _run_nccl4py(args: argparse.Namespace, progress: Progress, sizes: list[int],
                  corrupt_me: bool) -> None:
-    """The torch-free engine. Overlaps what does not depend on each other: the CUDA context is
-    created in a thread while the Python packages import, the buffers are allocated and filled
-    while the communicator initialises (docs/benchmarks.md has the phase times)."""
+    """The torch-free engine, on the low-level layers only: ``cuda.bindings.driver`` and
+    ``nccl.bindings.nccl`` (nccl4py's own binding of the C API). Their friendlier layers
+    (``cuda.core``, ``nccl.core``) cost another 0.25 s of imports (docs/benchmarks.md). Overlaps
+    what does not depend on each other: the CUDA context is created in a thread while the binding
+    imports, the buffer is allocated and filled while the communicator initialises."""
     if args.backend != "nccl":
         raise RuntimeError("the nccl4py engine runs NCCL only (gloo needs --engine torch)")
     clock = Clock()
@@ -461,174 +518,235 @@ def _run_nccl4py(args: argparse.Namespace, progress: Progress, sizes: list[int],
     cu = import_module("cuda.bindings.driver")
     # The device is the local rank (across nodes --rank is global); on one node they are equal.
     index = args.rank if args.local_rank is None else args.local_rank
-
-    def make_context() -> Any:
-        _cu_check(cu.cuInit(0))
-        count = _cu_check(cu.cuDeviceGetCount())
-        if index >= count:
-            raise RuntimeError(f"rank {args.rank} needs cuda:{index} but CUDA sees {count} "
-                               "GPU(s)")
-        dev = _cu_check(cu.cuDeviceGet(index))
-        return _cu_check(cu.cuDevicePrimaryCtxRetain(dev))
-
-    ctx_job = _Background(make_context, "cuda-context")
-    np = import_module("numpy")
-    cuda_core = import_module("cuda.core")
-    nccl = import_module("nccl.core")
-    nccl_raw = import_module("nccl.bindings.nccl")
+    gpu_job = _Background(lambda: _Gpu(cu, index, args.rank), "cuda-context")
+    if args.libnccl:
+        _preload(args.libnccl)
+    nccl = import_module("nccl.bindings.nccl")
     clock.lap("imports")
-    ctx_job.join()
-    dev = cuda_core.Device(index)
-    dev.set_current()
-    stream = dev.create_stream()
+    gpu: _Gpu = gpu_job.join()
+    gpu.make_current()
     clock.lap("cuda_context")
-    version, lib = _nccl_text(nccl)
+    lib_path = nccl.get_library_path()
+    if args.libnccl and os.path.isabs(args.libnccl) and lib_path and \
+            os.path.realpath(lib_path) != os.path.realpath(args.libnccl):
+        raise RuntimeError(f"nccl4py loaded {lib_path}, not the training environment's "
+                           f"{args.libnccl}")
     progress.send("spawned", pid=os.getpid(), device=f"cuda:{index}", engine="nccl4py",
-                  pci_bus_id=str(dev.pci_bus_id), nccl=version, libnccl=lib)
+                  pci_bus_id=gpu.pci_bus_id, nccl=_nccl_version_text(int(nccl.get_version())),
+                  libnccl=str(lib_path) if lib_path else None)
     progress.send("phase", phase="init")
 
     def init_comm() -> Any:
-        dev.set_current()  # this thread's current context
+        gpu.make_current()
         if args.rank == 0:
-            uid = nccl.get_unique_id()
-            progress.send("uid", uid=bytes(uid).hex())
+            uid = bytes(nccl.get_unique_id())
+            progress.send("uid", uid=uid.hex())
         else:
-            uid = nccl.UniqueId.from_bytes(bytes.fromhex(_read_rendezvous("uid",
-                                                                          args.timeout_s)))
-        return nccl.Communicator.init(args.world_size, args.rank, uid)
+            uid = bytes.fromhex(_read_rendezvous("uid", args.timeout_s))
+        # As nccl4py's Communicator.init: one unique id (a writable buffer), no config.
+        return nccl.comm_init_rank_scalable(args.world_size, args.rank, 1, bytearray(uid), 0)
 
     comm_job = _Background(init_comm, "nccl-init")
-    bufs = _Nccl4pyBuffers(args, np=np, cu=cu, dev=dev, stream=stream, nccl=nccl,
-                           largest=max(sizes))
-    try:
-        bufs.fill(sizes[0])
-        clock.times["allocation"] = time.perf_counter() - clock._mark
-        comm = comm_job.join()
-        clock.lap("nccl_init")
-        clock.times["nccl_init"] = max(comm_job.seconds, clock.times["nccl_init"]
-                                       - clock.times["allocation"])
-        try:
-            _nccl4py_sweep(args, progress, sizes, corrupt_me, clock=clock, np=np, bufs=bufs,
-                           stream=stream, comm=comm, nccl=nccl, nccl_raw=nccl_raw,
-                           event_options=cuda_core.EventOptions(timing_enabled=True))
-        finally:
-            # In line: destroying it in a thread while the last check ran made the teardown
-            # 0.35 s -> 0.8 s on 2x H200 (docs/benchmarks.md).
-            comm.destroy()
-    finally:
-        bufs.close()
+    # Nothing here is freed or destroyed: the process exits right after (main()).
+    bufs = _Nccl4pyBuffers(args, gpu=gpu, nccl=nccl, largest=max(sizes))
+    bufs.fill(sizes[0])
+    clock.times["allocation"] = time.perf_counter() - clock._mark
+    comm = comm_job.join()
+    clock.lap("nccl_init")
+    clock.times["nccl_init"] = max(comm_job.seconds, clock.times["nccl_init"]
+                                   - clock.times["allocation"])
+    _nccl4py_sweep(args, progress, sizes, corrupt_me, clock=clock, bufs=bufs, gpu=gpu,
+                   comm=comm, nccl=nccl)
+
+
+#: The nccl4py engine's fill and check, as PTX the driver compiles for the GPU it runs on (no
+#: compiler, no torch): ``pf_fill`` writes ``pattern(i) + offset``, ``pf_check`` counts the
+#: elements that differ from ``pattern(i) * mul + add`` and keeps the lowest such index, where
+#: ``pattern(i) = ((i % 4096) * 7919) % 1021`` (the torch engine's ``_base``). Grid-stride loops
+#: over 64-bit indices; round-to-nearest float arithmetic on small integers, so exact.
+_PTX = """\
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry pf_fill(.param .u64 p_buf, .param .u64 p_n, .param .f32 p_off)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<6>;
+    .reg .b64 %rd<8>;
+    .reg .f32 %f<3>;
+    ld.param.u64 %rd1, [p_buf];
+    ld.param.u64 %rd2, [p_n];
+    ld.param.f32 %f1, [p_off];
+    cvta.to.global.u64 %rd1, %rd1;
+    mov.u32 %r1, %ctaid.x;
+    mov.u32 %r2, %ntid.x;
+    mov.u32 %r3, %tid.x;
+    mov.u32 %r4, %nctaid.x;
+    mul.wide.u32 %rd3, %r1, %r2;
+    cvt.u64.u32 %rd4, %r3;
+    add.u64 %rd3, %rd3, %rd4;
+    mul.wide.u32 %rd5, %r4, %r2;
+    setp.ge.u64 %p1, %rd3, %rd2;
+    @%p1 bra FILL_DONE;
+FILL_LOOP:
+    cvt.u32.u64 %r5, %rd3;
+    and.b32 %r5, %r5, 4095;
+    mul.lo.u32 %r5, %r5, 7919;
+    rem.u32 %r5, %r5, 1021;
+    cvt.rn.f32.u32 %f2, %r5;
+    add.rn.f32 %f2, %f2, %f1;
+    shl.b64 %rd6, %rd3, 2;
+    add.u64 %rd7, %rd1, %rd6;
+    st.global.f32 [%rd7], %f2;
+    add.u64 %rd3, %rd3, %rd5;
+    setp.lt.u64 %p1, %rd3, %rd2;
+    @%p1 bra FILL_LOOP;
+FILL_DONE:
+    ret;
+}
+
+.visible .entry pf_check(.param .u64 p_buf, .param .u64 p_n, .param .f32 p_mul,
+                         .param .f32 p_add, .param .u64 p_out)
+{
+    .reg .pred %p<3>;
+    .reg .b32 %r<6>;
+    .reg .b64 %rd<12>;
+    .reg .f32 %f<6>;
+    ld.param.u64 %rd1, [p_buf];
+    ld.param.u64 %rd2, [p_n];
+    ld.param.f32 %f1, [p_mul];
+    ld.param.f32 %f3, [p_add];
+    ld.param.u64 %rd8, [p_out];
+    cvta.to.global.u64 %rd1, %rd1;
+    cvta.to.global.u64 %rd8, %rd8;
+    add.u64 %rd9, %rd8, 8;
+    mov.u32 %r1, %ctaid.x;
+    mov.u32 %r2, %ntid.x;
+    mov.u32 %r3, %tid.x;
+    mov.u32 %r4, %nctaid.x;
+    mul.wide.u32 %rd3, %r1, %r2;
+    cvt.u64.u32 %rd4, %r3;
+    add.u64 %rd3, %rd3, %rd4;
+    mul.wide.u32 %rd5, %r4, %r2;
+    setp.ge.u64 %p1, %rd3, %rd2;
+    @%p1 bra CHECK_DONE;
+CHECK_LOOP:
+    cvt.u32.u64 %r5, %rd3;
+    and.b32 %r5, %r5, 4095;
+    mul.lo.u32 %r5, %r5, 7919;
+    rem.u32 %r5, %r5, 1021;
+    cvt.rn.f32.u32 %f2, %r5;
+    mul.rn.f32 %f2, %f2, %f1;
+    add.rn.f32 %f2, %f2, %f3;
+    shl.b64 %rd6, %rd3, 2;
+    add.u64 %rd7, %rd1, %rd6;
+    ld.global.f32 %f4, [%rd7];
+    setp.neu.f32 %p2, %f4, %f2;
+    @!%p2 bra CHECK_NEXT;
+    atom.global.add.u64 %rd10, [%rd8], 1;
+    atom.global.min.u64 %rd11, [%rd9], %rd3;
+CHECK_NEXT:
+    add.u64 %rd3, %rd3, %rd5;
+    setp.lt.u64 %p1, %rd3, %rd2;
+    @%p1 bra CHECK_LOOP;
+CHECK_DONE:
+    ret;
+}
+"""
+#: Threads per block and the most blocks of the fill / check launches (grid-stride beyond that).
+_BLOCK = 256
+_MAX_BLOCKS = 4096
+
+
+def _pattern(i: int) -> int:
+    return ((i % PATTERN_LEN) * 7919) % 1021
 
 
 class _Nccl4pyBuffers:
-    """The device buffer of the largest size and a pinned host staging buffer (fill, check)."""
+    """The device buffer of the largest size, filled and checked on the GPU by two small kernels
+    (:data:`_PTX`): no host copy of the buffer, no pinned staging, a few ms for 1 GiB."""
 
-    def __init__(self, args: argparse.Namespace, *, np: Any, cu: Any, dev: Any, stream: Any,
-                 nccl: Any, largest: int) -> None:
-        self.np, self.cu, self.stream = np, cu, stream
+    def __init__(self, args: argparse.Namespace, *, gpu: _Gpu, nccl: Any, largest: int) -> None:
+        cu = self.cu = gpu.cu
+        self.gpu = gpu
+        self.s_handle = gpu.s_handle
         self.rank, self.world = args.rank, args.world_size
-        self.buf = (nccl.mem_alloc(largest, dev) if args.alloc == "nccl"
-                    else dev.allocate(largest, stream=stream))
-        self.ptr = int(self.buf.handle)
-        self.stage_bytes = min(STAGE_BYTES, _round_up(largest, PATTERN_LEN * 4))
-        # Two pinned staging buffers: one is compared while the next chunk copies into the other.
-        self.hosts = [_cu_check(cu.cuMemAllocHost(self.stage_bytes)) for _ in range(2)]
-        self.host = self.hosts[0]
-        self.hviews = [np.ctypeslib.as_array((ctypes.c_float * (self.stage_bytes // 4))
-                                             .from_address(int(h))) for h in self.hosts]
-        self.hview = self.hviews[0]
-        self.pool: Any = None
-        base = ((np.arange(PATTERN_LEN, dtype=np.int64) * 7919) % 1021).astype(np.float32)
-        self.tile = np.resize(base, self.stage_bytes // 4)
-        n = self.world
-        self.want = self.tile * n + n * (n + 1) / 2
+        image = ctypes.create_string_buffer(_PTX.encode())
+        # The driver compiles the PTX for this GPU (a few ms; cached by the driver's JIT cache).
+        self.module = _cu_check(cu.cuModuleLoadData(ctypes.addressof(image)))
+        self.fill_fn = _cu_check(cu.cuModuleGetFunction(self.module, b"pf_fill"))
+        self.check_fn = _cu_check(cu.cuModuleGetFunction(self.module, b"pf_check"))
+        # A plain allocation (cuMemAlloc), or NCCL's own (ncclMemAlloc) with --alloc nccl.
+        self.ptr = int(nccl.mem_alloc(largest) if args.alloc == "nccl"
+                       else _cu_check(cu.cuMemAlloc(largest)))
+        # [mismatch count, lowest mismatching index] of the last check, on the device.
+        self.out = int(_cu_check(cu.cuMemAlloc(16)))
+
+    def _launch(self, fn: Any, n: int, *params: Any) -> None:
+        blocks = max(1, min(_MAX_BLOCKS, -(-n // _BLOCK)))
+        argv = (ctypes.c_void_p * len(params))(*[ctypes.addressof(p) for p in params])
+        _cu_check(self.cu.cuLaunchKernel(fn, blocks, 1, 1, _BLOCK, 1, 1, 0, self.s_handle,
+                                         ctypes.addressof(argv), 0))
 
     def fill(self, size: int) -> None:
-        self.hview[:] = self.tile + float(self.rank + 1)
-        for off in range(0, size, self.stage_bytes):
-            _cu_check(self.cu.cuMemcpyHtoDAsync(self.ptr + off, int(self.host),
-                                                min(self.stage_bytes, size - off),
-                                                self.stream.handle))
-        self.stream.sync()
+        n = size // 4
+        self._launch(self.fill_fn, n, ctypes.c_uint64(self.ptr), ctypes.c_uint64(n),
+                     ctypes.c_float(self.rank + 1))
+        self.gpu.sync()
 
-    def _equal(self, view: Any, k: int) -> bool:
-        """``view[:k] == want[:k]`` everywhere, compared in slices on a thread pool (numpy
-        releases the GIL in the comparison, so 1 GiB takes tens of ms, not 0.3 s)."""
-        np = self.np
-        if k < (1 << 20):
-            return bool(np.array_equal(view[:k], self.want[:k]))
-        if self.pool is None:
-            from concurrent.futures import ThreadPoolExecutor
+    def _read(self, address: int, ctype: Any) -> Any:
+        value = ctype()
+        _cu_check(self.cu.cuMemcpyDtoHAsync(ctypes.addressof(value), address,
+                                            ctypes.sizeof(value), self.s_handle))
+        self.gpu.sync()
+        return value.value
 
-            self.pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
-                                           thread_name_prefix="check")
-        step = _round_up(-(-k // 8), PATTERN_LEN)
-        parts = [(a, min(k, a + step)) for a in range(0, k, step)]
-        return all(self.pool.map(
-            lambda ab: bool(np.array_equal(view[ab[0]:ab[1]], self.want[ab[0]:ab[1]])), parts))
+    def _add_one(self, index: int) -> None:
+        """The test-only corruption: element ``index`` of the result, plus 1."""
+        value = ctypes.c_float(self._read(self.ptr + 4 * index, ctypes.c_float) + 1)
+        _cu_check(self.cu.cuMemcpyHtoDAsync(self.ptr + 4 * index, ctypes.addressof(value), 4,
+                                            self.s_handle))
+        self.gpu.sync()
 
     def check(self, size: int, corrupt_me: bool) -> dict[str, Any]:
-        """Copy the result back chunk by chunk and compare every element with the exact sum."""
-        np = self.np
-        bad, first_bad, got = 0, None, None
-        offsets = list(range(0, size, self.stage_bytes))
-
-        def copy(i: int) -> None:
-            off = offsets[i]
-            _cu_check(self.cu.cuMemcpyDtoHAsync(int(self.hosts[i % 2]), self.ptr + off,
-                                                min(self.stage_bytes, size - off),
-                                                self.stream.handle))
-
-        copy(0)
-        for i, off in enumerate(offsets):
-            self.stream.sync()
-            if i + 1 < len(offsets):
-                copy(i + 1)
-            view = self.hviews[i % 2]
-            chunk = min(self.stage_bytes, size - off)
-            k = chunk // 4
-            if corrupt_me and off <= size // 2 < off + chunk:
-                view[(size // 2 - off) // 4] += 1
-            if self._equal(view, k):
-                continue
-            ne = view[:k] != self.want[:k]
-            nbad = int(np.count_nonzero(ne))
-            if first_bad is None:
-                j = int(np.argmax(ne))
-                first_bad, got = off // 4 + j, float(view[j])
-            bad += nbad
+        """Compare every element of the result with the exact sum, on the GPU."""
+        n = size // 4
+        if corrupt_me:
+            self._add_one(n // 2)
+        world = self.world
+        add = world * (world + 1) / 2
+        _cu_check(self.cu.cuMemsetD32Async(self.out, 0, 2, self.s_handle))
+        _cu_check(self.cu.cuMemsetD32Async(self.out + 8, 0xFFFFFFFF, 2, self.s_handle))
+        self._launch(self.check_fn, n, ctypes.c_uint64(self.ptr), ctypes.c_uint64(n),
+                     ctypes.c_float(world), ctypes.c_float(add), ctypes.c_uint64(self.out))
+        result = (ctypes.c_uint64 * 2)()
+        _cu_check(self.cu.cuMemcpyDtoHAsync(ctypes.addressof(result), self.out, 16,
+                                            self.s_handle))
+        self.gpu.sync()
+        bad, first_bad = int(result[0]), int(result[1])
         fields: dict[str, Any] = {"size": size, "ok": bad == 0, "mismatches": bad,
-                                  "elements": size // 4}
-        if first_bad is not None:
-            fields.update(first_index=first_bad, got=got,
-                          want=float(self.want[first_bad % PATTERN_LEN]))
+                                  "elements": n}
+        if bad:
+            fields.update(first_index=first_bad,
+                          got=float(self._read(self.ptr + 4 * first_bad, ctypes.c_float)),
+                          want=float(_pattern(first_bad) * world + add))
         return fields
-
-    def close(self) -> None:
-        self.stream.sync()
-        if self.pool is not None:
-            self.pool.shutdown()
-        for host in self.hosts:
-            _cu_check(self.cu.cuMemFreeHost(host))
-        self.buf.close()
 
 
 def _nccl4py_sweep(args: argparse.Namespace, progress: Progress, sizes: list[int],
-                   corrupt_me: bool, *, clock: Clock, np: Any, bufs: _Nccl4pyBuffers,
-                   stream: Any, comm: Any, nccl: Any, nccl_raw: Any, event_options: Any) -> None:
-    ptr = bufs.ptr
-    s_handle = int(stream.handle)
-    raw_comm = getattr(comm, "_comm", None)
-    if raw_comm is None:
-        raw_comm = comm.ptr
-    f32, op_sum = int(nccl.FLOAT32), int(nccl.SUM)
+                   corrupt_me: bool, *, clock: Clock, bufs: _Nccl4pyBuffers, gpu: _Gpu,
+                   comm: Any, nccl: Any) -> None:
+    ptr, s_handle = bufs.ptr, gpu.s_handle
+    start, end = gpu.event(), gpu.event()
 
     def allreduce(count: int) -> None:
         # The raw binding: a few microseconds of host time per call, so even 1 MiB is GPU-bound.
-        nccl_raw.all_reduce(ptr, ptr, count, f32, op_sum, raw_comm, s_handle)
+        nccl.all_reduce(ptr, ptr, count, NCCL_FLOAT32, NCCL_SUM, comm, s_handle)
 
     def barrier() -> None:
         allreduce(1)
-        stream.sync()
+        gpu.sync()
 
     # The first collective: connections are set up lazily (NCCL_RUNTIME_CONNECT), and the other
     # rank may still be initialising; both belong to init, not to the first measured size.
@@ -645,17 +763,16 @@ def _nccl4py_sweep(args: argparse.Namespace, progress: Progress, sizes: list[int
             t0 = time.perf_counter()
             allreduce(count)
             if w == 0 and i == 0:
-                stream.sync()
+                gpu.sync()
                 first_s = time.perf_counter() - t0
         barrier()
         clock.lap("warmup")
         progress.send("phase", phase="measure", size=size)
-        start = stream.record(options=event_options)
+        gpu.record(start)
         for _ in range(args.iters):
             allreduce(count)
-        end = stream.record(options=event_options)
-        end.sync()
-        elapsed = (end - start) / 1e3
+        gpu.record(end)
+        elapsed = gpu.elapsed_s(start, end)
         progress.send("measured", size=size, time_s=elapsed / args.iters, iters=args.iters,
                       first_allreduce_s=first_s, timer="cuda-events")
         progress.send("phase", phase="verify", size=size)
@@ -663,11 +780,9 @@ def _nccl4py_sweep(args: argparse.Namespace, progress: Progress, sizes: list[int
         allreduce(count)
         progress.send("verified", **bufs.check(size, corrupt_me))
         clock.lap("sweep")
+    # Every rank is past its last all-reduce before any of them exits.
+    barrier()
     progress.send("done", phase_times=clock.times)
-
-
-def _round_up(n: int, k: int) -> int:
-    return -(-n // k) * k
 
 
 if __name__ == "__main__":

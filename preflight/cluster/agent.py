@@ -64,8 +64,8 @@ _HAS_NCCL4PY = ("import importlib.util as u, sys; "
 
 
 def has_nccl4py(python: str) -> bool | None:
-    """Whether the workers' interpreter can import nccl4py (nccl.core, cuda.core); None when it
-    could not be asked within 10 s."""
+    """Whether the workers' interpreter can import nccl4py (nccl.bindings, cuda.bindings); None
+    when it could not be asked within 10 s."""
     if python == sys.executable:
         return all(importlib.util.find_spec(m) is not None for m in ("nccl", "cuda"))
     try:

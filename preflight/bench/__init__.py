@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -129,11 +130,13 @@ def plan(ctx: Context, *, backend: str | None = None, nproc: int | None = None,
     labels = tuple("CPU" if chosen == "gloo" else
                    f"GPU {used[r].index}, {used[r].pci_bus_id}" if r < len(used) else f"cuda:{r}"
                    for r in range(count))
-    python = cfg.python or sys.executable
+    python, libnccl, engine, why = _interpreter(ctx, chosen, engine)
+    if why:
+        notes.append(why)
     if python == sys.executable and not _engine_available(chosen, engine):
         need = ("torch" if chosen == "gloo" or engine == "torch" else
-                "nccl4py (nccl.core, cuda.core)" if engine == "nccl4py" else
-                "torch or nccl4py (nccl.core, cuda.core)")
+                "nccl4py (nccl.bindings, cuda.bindings)" if engine == "nccl4py" else
+                "torch or nccl4py (nccl.bindings, cuda.bindings)")
         return Plan(None, used, (), _skip(chosen, "TorchMissing",
                     f"the all-reduce test needs {need}, which {python} cannot import",
                     "Run it in the training environment: --python /path/to/venv/bin/python "
@@ -142,8 +145,41 @@ def plan(ctx: Context, *, backend: str | None = None, nproc: int | None = None,
     opts = BenchOptions(backend=chosen, nproc=count, sizes=sizes, python=python,
                         timeout_s=timeout_s if timeout_s is not None else cfg.bench_timeout_s,
                         iters=ITERS[chosen], warmup=WARMUP[chosen], debug=debug, labels=labels,
-                        env=ctx.env, engine="torch" if chosen == "gloo" else engine)
+                        env=ctx.env, engine="torch" if chosen == "gloo" else engine,
+                        libnccl=libnccl)
     return Plan(opts, used, tuple(notes))
+
+
+def _interpreter(ctx: Context, backend: str, engine: str) -> tuple[str, str | None, str, str]:
+    """(the workers' interpreter, the libnccl they must load or None, the engine, a note).
+
+    With ``--python`` (config ``python``) the test must exercise the training environment's NCCL.
+    When that environment cannot run the nccl4py engine itself but this one can, the workers run
+    here and load the environment's own ``libnccl.so.2`` (its fingerprint's ``nccl_source``): the
+    same NCCL, without torch's 3-4 s start. ``--engine torch`` keeps the environment's own torch.
+    """
+    cfg = ctx.config
+    if not cfg.python or cfg.python == sys.executable or backend != "nccl" or engine == "torch":
+        return cfg.python or sys.executable, None, engine, ""
+    from preflight.checks.versions import fingerprint_of
+
+    try:
+        meta = fingerprint_of(ctx).get("meta") or {}
+    except Exception:  # the versions check reports a broken interpreter; the run names it too
+        return cfg.python, None, engine, ""
+    source = meta.get("nccl_source")
+    if meta.get("nccl4py") or not isinstance(source, str) or not _engine_available("nccl",
+                                                                                   "nccl4py"):
+        return cfg.python, None, engine, ""
+    # A file of that environment, or the soname its loader found (LD_LIBRARY_PATH, the system);
+    # "<wheel> wheel metadata" means nothing could be loaded there.
+    loadable = (os.path.isfile(source) if os.path.isabs(source)
+                else source.startswith("libnccl") and "/" not in source)
+    if not loadable:
+        return cfg.python, None, engine, ""
+    return sys.executable, source, "nccl4py", (
+        f"nccl4py from preflight's environment runs the training environment's NCCL "
+        f"({source}); {cfg.python} has no nccl4py (--engine torch runs its torch instead)")
 
 
 def _engine_available(backend: str, engine: str) -> bool:

@@ -200,6 +200,7 @@ def build(env: Mapping[str, Any], *, driver: str | None, driver_cuda: int | None
         "torch_version_py": torch.get("path"),
         "nccl_source": env.get("nccl_source"),
         "cudnn_source": env.get("cudnn_source"),
+        "nccl4py": env.get("nccl4py"),
         **(meta or {}),
     }
     return fp

@@ -157,7 +157,8 @@ def gather(watched: Sequence[str]) -> dict[str, Any]:
     Returns:
         ``{"python", "python_implementation", "executable", "prefix", "torch": {...},
         "packages": {name: version}, "nccl", "nccl_code", "nccl_source", "cudnn",
-        "cudnn_source"}``; versions not found are None.
+        "cudnn_source", "nccl4py"}``; versions not found are None (``nccl4py``: its version
+        when cuda-bindings is installed beside it, so the bench's nccl4py engine can run there).
     """
     packages: dict[str, str] = {}
     dists: dict[str, Any] = {}
@@ -183,6 +184,10 @@ def gather(watched: Sequence[str]) -> dict[str, Any]:
         wheel = nccl_wheels[0]
         nccl, nccl_source = str(wheel.version), f"{wheel.metadata['Name']} wheel metadata"
 
+    # Whether this environment can run the bench's nccl4py engine itself (metadata, no import).
+    engine = [_distribution(n) for n in ("nccl4py", "cuda-bindings")]
+    nccl4py = str(engine[0].version) if all(engine) and engine[0] is not None else None
+
     cudnn = cudnn_source = None
     for name in CUDNN_WHEELS:
         if name in dists:
@@ -200,6 +205,7 @@ def gather(watched: Sequence[str]) -> dict[str, Any]:
         "nccl_source": nccl_source,
         "cudnn": cudnn,
         "cudnn_source": cudnn_source,
+        "nccl4py": nccl4py,
     }
 
 

@@ -1,0 +1,106 @@
+"""Issue 14 point 3: with --python naming a training venv that has no nccl4py, the workers run
+nccl4py from preflight's own environment and load the venv's own libnccl.so.2 (found by its
+fingerprint), so the test exercises the job's NCCL without torch's start; --engine torch keeps
+the venv's torch. Real venvs (tests/venvs.py) with a real libnccl.so.2 built here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from preflight.bench import plan
+from preflight.bench.parent import WORKER_SCRIPT
+from tests.conftest import MakeCtx
+from tests.venvs import MakeVenv, site_packages
+
+TORCH = ("2.11.0+cu130", "13.0")
+#: What pip leaves for torch's NCCL: the wheel's metadata (the fingerprint looks for its file).
+NCCL_WHEEL = {"nvidia-nccl-cu13": "2.28.9"}
+
+
+@pytest.fixture
+def nccl4py_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This interpreter can import the engine's packages (stand-ins on sys.path: the plan only
+    asks whether they import)."""
+    for pkg in ("nccl", "cuda"):
+        (tmp_path / "here" / pkg).mkdir(parents=True)
+        (tmp_path / "here" / pkg / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "here"))
+
+
+def _venv_lib(python: Path) -> str:
+    return str(site_packages(python.parent.parent) / "nvidia/nccl/lib/libnccl.so.2")
+
+
+def test_venv_without_nccl4py_gets_its_own_libnccl_through_ours(
+        make_ctx: MakeCtx, make_venv: MakeVenv, nccl4py_here: None) -> None:
+    venv = make_venv(torch=TORCH, nccl_code=22809, packages=NCCL_WHEEL)
+    p = plan(make_ctx(python=str(venv)), backend="nccl", largest_only=True)
+    assert p.options is not None
+    assert p.options.python == sys.executable
+    assert p.options.engine == "nccl4py"
+    assert p.options.libnccl == _venv_lib(venv)
+    assert any("runs the training environment's NCCL" in n and _venv_lib(venv) in n
+               for n in p.notes)
+
+
+def test_engine_torch_keeps_the_venvs_torch(make_ctx: MakeCtx, make_venv: MakeVenv,
+                                            nccl4py_here: None) -> None:
+    venv = make_venv(torch=TORCH, nccl_code=22809, packages=NCCL_WHEEL)
+    p = plan(make_ctx(python=str(venv)), backend="nccl", engine="torch")
+    assert p.options is not None
+    assert (p.options.python, p.options.libnccl, p.options.engine) == (str(venv), None, "torch")
+
+
+def test_venv_with_nccl4py_runs_the_engine_itself(make_ctx: MakeCtx, make_venv: MakeVenv,
+                                                  nccl4py_here: None) -> None:
+    venv = make_venv(torch=TORCH, nccl_code=22809,
+                     packages={**NCCL_WHEEL, "nccl4py": "0.6.0",
+                               "cuda-bindings": "13.5.0"})
+    p = plan(make_ctx(python=str(venv)), backend="nccl")
+    assert p.options is not None
+    assert (p.options.python, p.options.libnccl) == (str(venv), None)
+
+
+def test_nothing_to_borrow_leaves_the_venv_to_decide(
+        make_ctx: MakeCtx, make_venv: MakeVenv, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No nccl4py here either: the venv's own interpreter runs the workers (and picks torch).
+    import preflight.bench
+
+    monkeypatch.setattr(preflight.bench, "_engine_available", lambda backend, engine: False)
+    venv = make_venv(torch=TORCH, nccl_code=22809, packages=NCCL_WHEEL)
+    p = plan(make_ctx(python=str(venv)), backend="nccl")
+    assert p.options is not None and p.options.libnccl is None
+    assert p.options.python == str(venv)
+
+
+def test_a_venv_whose_libnccl_cannot_load_is_not_borrowed(
+        make_ctx: MakeCtx, make_venv: MakeVenv, nccl4py_here: None) -> None:
+    # The wheel's metadata but no loadable library: nothing to hand to nccl4py.
+    venv = make_venv(torch=TORCH, packages=NCCL_WHEEL)
+    p = plan(make_ctx(python=str(venv)), backend="nccl")
+    assert p.options is not None and p.options.libnccl is None
+    assert p.options.python == str(venv)
+
+
+def test_worker_says_when_the_venvs_libnccl_does_not_load(tmp_path: Path) -> None:
+    """The worker's --libnccl with a file that is no library: a clear error on the progress pipe
+    (before any CUDA call matters), not a traceback from deep inside nccl4py."""
+    bogus = tmp_path / "libnccl.so.2"
+    bogus.write_text("not an ELF file")
+    sys.path.insert(0, str(WORKER_SCRIPT.parent))
+    try:
+        import worker  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    with pytest.raises(RuntimeError, match="cannot load the training environment's NCCL"):
+        worker._preload(str(bogus))
+
+
+def test_worker_cli_accepts_libnccl() -> None:
+    proc = subprocess.run([sys.executable, str(WORKER_SCRIPT), "--help"], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == 0 and "--libnccl" in proc.stdout

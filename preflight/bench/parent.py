@@ -345,7 +345,7 @@ def _run(opts: BenchOptions, started: float, deadlines: Deadlines, log_dir: str,
                 # last one is reaped (a pipe reaches end of file while its process still closes
                 # its GPU files; polling the pipes would add up to their 0.1 s timeout). Exits
                 # that take longer than a step's deadline fall through to the run's own.
-                _await_exits(ranks, max(0.0, all_done + deadlines.step_s - now))
+                await_exits(ranks, max(0.0, all_done + deadlines.step_s - now))
             if all(st.phase == "done" and st.proc and st.proc.poll() == 0 for st in ranks):
                 break
             broken = any(st.error or (st.proc and st.proc.poll() not in (None, 0))
@@ -742,7 +742,7 @@ def _broken(ranks: Sequence[RankState]) -> Failure:
                    tuple(st.rank for st in dead))
 
 
-def _await_exits(ranks: Sequence[RankState], timeout_s: float) -> None:
+def await_exits(ranks: Sequence[RankState], timeout_s: float) -> None:
     """Wait up to ``timeout_s`` in all for the workers to exit, waking the moment each does (a
     pidfd where Linux has them; Popen.wait polls in steps of up to 50 ms)."""
     end = time.monotonic() + timeout_s

@@ -37,6 +37,7 @@ from preflight.bench.parent import (
     RankState,
     _collect_tracebacks,
     _exit_text,
+    await_exits,
     close_run,
     launch,
     read_ready,
@@ -128,6 +129,9 @@ def run_workers(opts: SpeedOptions) -> SpeedRecord:
             for st, chunk in read_ready(sel, 0.05):
                 _consume(st, chunk, time.monotonic())
             now = time.monotonic()
+            if all(st.phase == "done" for st in workers):
+                # Reported: wake when the exits are reaped, not at the next 50 ms poll.
+                await_exits(workers, opts.deadline("close"))
             if all(st.phase == "done" and st.proc and st.proc.poll() == 0 for st in workers):
                 break
             if any(st.error or (st.proc and st.proc.poll() not in (None, 0)) for st in workers):

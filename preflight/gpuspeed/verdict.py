@@ -142,7 +142,8 @@ def judge(run: SpeedRun, gpus: Sequence[Gpu], *, slow_fraction: float, warn_frac
                                 "no GPU speed test: the worker cannot import its engine "
                                 f"({f.message})",
                                 "Install the torch-free engine next to the interpreter the "
-                                "workers run under: pip install cuda-bindings nvmath-python "
+                                "workers run under: pip install cuda-bindings cuda-pathfinder, "
+                                "with cuBLAS from the CUDA install or the nvidia-cublas wheel "
                                 f"(or torch); see {DOC}.", extra=extra)
         if f.kind == "stalled":
             return SpeedVerdict(Status.FAIL, "GpuStalled", f.message,

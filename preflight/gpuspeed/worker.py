@@ -5,7 +5,8 @@ one process per GPU, all at once. It needs only the standard library plus one en
 
 - ``cuda`` (default when it imports): NVIDIA's ``cuda-bindings`` (driver API: primary context,
   ``cuMemAlloc``, ``cuMemAllocHost`` pinned memory, async copies on a stream, CUDA events) and
-  ``nvmath-python``'s cuBLAS binding (``cublasGemmEx``). No torch: importing it alone takes
+  cuBLAS (``cublasGemmEx``) through ctypes on the library ``cuda-pathfinder`` finds (class
+  :class:`Cublas`). No torch: importing it alone takes
   2.6-3.1 s on an H200 node, more than the whole check may take.
 - ``torch``: the same measurements through torch (``pin_memory``, ``torch.cuda.Event``,
   ``torch.matmul``); the fallback where the cuda engine does not import.
@@ -106,22 +107,86 @@ class Engine:
         """Free device and pinned memory (process exit would too; freeing first is tidier)."""
 
 
+class Cublas:
+    """The four cuBLAS calls the gemm needs (cublas_api.h, a stable C ABI), through ctypes on the
+    libcublas that ``cuda-pathfinder`` finds: the CUDA install or the nvidia-cublas wheel.
+    nvmath-python's binding did the same but took 0.8-1.6 s to import on an H200 node (its package
+    imports every library it wraps), more than this whole test (docs/benchmarks.md)."""
+
+    def __init__(self) -> None:
+        from cuda.pathfinder import DynamicLibNotFoundError, load_nvidia_dynamic_lib
+
+        try:
+            loaded = load_nvidia_dynamic_lib("cublas")
+            lib = ctypes.CDLL(loaded.abs_path)
+        except (DynamicLibNotFoundError, OSError) as exc:
+            # As a missing package: engine auto falls back to torch.
+            raise ImportError(f"cuBLAS could not be loaded: {exc}") from exc
+        self.path = str(loaded.abs_path)
+        vp, i = ctypes.c_void_p, ctypes.c_int
+        self._create = lib.cublasCreate_v2
+        self._create.argtypes = [ctypes.POINTER(vp)]
+        self._set_stream = lib.cublasSetStream_v2
+        self._set_stream.argtypes = [vp, vp]
+        self._destroy = lib.cublasDestroy_v2
+        self._destroy.argtypes = [vp]
+        self._gemm = lib.cublasGemmEx
+        self._gemm.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, vp, i, i, vp, vp, i, i, i, i]
+        for fn in (self._create, self._set_stream, self._destroy, self._gemm):
+            fn.restype = i
+
+    @staticmethod
+    def _ok(name: str, status: int) -> None:
+        if status != 0:  # CUBLAS_STATUS_SUCCESS
+            raise RuntimeError(f"cuBLAS {name} failed with status {status}")
+
+    def create(self, stream: int) -> int:
+        handle = ctypes.c_void_p()
+        self._ok("cublasCreate", self._create(ctypes.byref(handle)))
+        self._ok("cublasSetStream", self._set_stream(handle, stream))
+        return int(handle.value or 0)
+
+    def gemm_ex(self, handle: int, n: int, *, a: int, b: int, c: int, dtype: int, alpha: Any,
+                beta: Any) -> None:
+        """C = alpha A B + beta C, n x n, no transposes, fp32 accumulate, default algorithm."""
+        self._ok("cublasGemmEx", self._gemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n,
+                                            ctypes.byref(alpha), a, dtype, n, b, dtype, n,
+                                            ctypes.byref(beta), c, dtype, n, CUBLAS_COMPUTE_32F,
+                                            CUBLAS_GEMM_DEFAULT))
+
+    def destroy(self, handle: int) -> None:
+        self._destroy(handle)
+
+
 class CudaEngine(Engine):
-    """cuda-bindings (driver API) + nvmath-python cuBLAS; no torch."""
+    """cuda-bindings (driver API) + cuBLAS through ctypes; no torch. The CUDA context is created
+    in a thread while cuBLAS loads."""
 
     name = "cuda"
 
     def __init__(self, bus_id: str) -> None:
-        # Both imports here, so a missing one falls back to torch under engine auto.
+        # Imports here, so a missing one falls back to torch under engine auto.
         from cuda.bindings import driver
-        from nvmath.bindings import cublas
 
         self.cu = driver
-        self.cublas = cublas
         self.bus_id = bus_id
         self.ptrs: list[Any] = []
         self.host: int | None = None
         self.blas: int | None = None
+        self._ctx_error: BaseException | None = None
+        self._ctx_thread = threading.Thread(target=self._make_context, name="cuda-context",
+                                            daemon=True)
+        self._ctx_thread.start()
+        self.cublas = Cublas()
+
+    def _make_context(self) -> None:
+        cu, ck = self.cu, self._ck
+        try:
+            ck(cu.cuInit(0))
+            self.dev = ck(cu.cuDeviceGetByPCIBusId(self.bus_id.encode()))
+            self.ctx = ck(cu.cuDevicePrimaryCtxRetain(self.dev))
+        except BaseException as exc:  # re-raised by setup() in the main thread
+            self._ctx_error = exc
 
     def _ck(self, res: Any) -> Any:
         err = res[0] if isinstance(res, tuple) else res
@@ -134,9 +199,9 @@ class CudaEngine(Engine):
 
     def setup(self) -> None:
         cu, ck = self.cu, self._ck
-        ck(cu.cuInit(0))
-        self.dev = ck(cu.cuDeviceGetByPCIBusId(self.bus_id.encode()))
-        self.ctx = ck(cu.cuDevicePrimaryCtxRetain(self.dev))
+        self._ctx_thread.join()
+        if self._ctx_error is not None:
+            raise self._ctx_error
         ck(cu.cuCtxSetCurrent(self.ctx))
         attr = cu.CUdevice_attribute
 
@@ -167,8 +232,7 @@ class CudaEngine(Engine):
         ck(cu.cuStreamSynchronize(self.stream))
         self.ev0 = ck(cu.cuEventCreate(0))
         self.ev1 = ck(cu.cuEventCreate(0))
-        self.blas = int(self.cublas.create())
-        self.cublas.set_stream(self.blas, int(self.stream))
+        self.blas = self.cublas.create(int(self.stream))
         self.alpha = ctypes.c_float(1.0)
         self.beta = ctypes.c_float(0.0)
 
@@ -190,10 +254,9 @@ class CudaEngine(Engine):
             a = int(self.src)
             b = a + n * n * 2
             t = CUDA_R_16BF if self.dtype == "bf16" else CUDA_R_16F
-            self.cublas.gemm_ex(self.blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n,
-                                ctypes.addressof(self.alpha), a, t, n, b, t, n,
-                                ctypes.addressof(self.beta), int(self.dst), t, n,
-                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+            assert self.blas is not None
+            self.cublas.gemm_ex(self.blas, n, a=a, b=b, c=int(self.dst), dtype=t,
+                                alpha=self.alpha, beta=self.beta)
 
     def timed(self, kind: str, iters: int) -> float:
         cu, ck = self.cu, self._ck
@@ -382,13 +445,17 @@ def main(argv: list[str] | None = None) -> int:
     progress = Progress(args.progress_fd)
     progress.send("spawned", pid=os.getpid(), pci_bus_id=args.pci_bus_id)
     threading.Thread(target=_heartbeat, args=(progress, os.getppid()), daemon=True).start()
+    code = 0
     try:
         run(args, progress)
     except BaseException as exc:  # every failure, KeyboardInterrupt too, goes to the parent
         progress.send("error", error=f"{type(exc).__name__}: {exc}",
                       traceback=traceback.format_exc()[-2000:])
-        return 1
-    return 0
+        code = 1
+    # Reported: exit without the interpreter's finalisation (the parent waits for this exit).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

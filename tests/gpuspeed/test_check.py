@@ -115,7 +115,7 @@ def test_no_engine_skips_with_the_install_line(tmp_path: Path) -> None:
     missing = SpeedFailure("engine", "ModuleNotFoundError: No module named 'torch'")
     res = gpu_speed.run(ctx_for(tmp_path, run_of([], missing)))
     assert res.status is Status.SKIP and res.reason == "EngineMissing"
-    assert "pip install cuda-bindings nvmath-python" in res.remedy
+    assert "pip install cuda-bindings cuda-pathfinder" in res.remedy
 
 
 def test_without_nvml_it_skips(tmp_path: Path) -> None:

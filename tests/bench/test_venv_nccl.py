@@ -104,3 +104,14 @@ def test_worker_cli_accepts_libnccl() -> None:
     proc = subprocess.run([sys.executable, str(WORKER_SCRIPT), "--help"], capture_output=True,
                           text=True, timeout=60, check=False)
     assert proc.returncode == 0 and "--libnccl" in proc.stdout
+
+
+def test_worker_prints_nccl_versions_as_nccl_does() -> None:
+    sys.path.insert(0, str(WORKER_SCRIPT.parent))
+    try:
+        import worker
+    finally:
+        sys.path.pop(0)
+    assert worker._nccl_version_text(22809) == "2.28.9"
+    assert worker._nccl_version_text(21903) == "2.19.3"
+    assert worker._nccl_version_text(2708) == "2.7.8"  # before 2.9: major*1000 + minor*100

@@ -340,6 +340,8 @@ def _run(opts: BenchOptions, started: float, deadlines: Deadlines, log_dir: str,
             now = time.monotonic()
             if all_done is None and all(st.phase == "done" for st in ranks):
                 all_done = now
+                # Every rank is past its last collective: the nccl4py workers may exit now.
+                _release(ranks)
             if all_done is not None:
                 # Everything is reported: wait on the exits themselves, waking the moment the
                 # last one is reaped (a pipe reaches end of file while its process still closes
@@ -740,6 +742,14 @@ def _broken(ranks: Sequence[RankState]) -> Failure:
     how = _exit_text(first.proc.poll() if first.proc else None)
     return Failure("died", f"{_names(dead)} {how} in {first.where()} without a report",
                    tuple(st.rank for st in dead))
+
+
+def _release(ranks: Sequence[RankState]) -> None:
+    """Close the workers' control pipes: end of file tells a waiting worker it may exit."""
+    for st in ranks:
+        if st.proc is not None and st.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                st.proc.stdin.close()
 
 
 def await_exits(ranks: Sequence[RankState], timeout_s: float) -> None:

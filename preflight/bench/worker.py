@@ -183,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
                       traceback=traceback.format_exc()[-4000:])
         code = 1
     if engine == "nccl4py":
+        if code == 0:
+            # A peer may still be finishing the last barrier with data of ours: exit only once
+            # the parent has seen every rank done (it closes our stdin then).
+            await_release(sys.stdin, args.timeout_s)
         # Everything is reported: the process exit releases the CUDA context, the buffers and
         # NCCL's threads and sockets at once, and the parent waits for it before it reports.
         # ncclCommDestroy first would add 0.5 s (NCCL's proxy service thread sees the stop only
@@ -192,6 +196,19 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def await_release(stream: Any, timeout_s: float) -> None:
+    """Block until ``stream`` (the parent's control pipe) has a line or reaches end of file, at
+    most ``timeout_s``: the parent closes it once every local rank reported done."""
+    import select
+
+    try:
+        ready, _, _ = select.select([stream], [], [], timeout_s)
+        if ready:
+            stream.readline()
+    except (OSError, ValueError):
+        pass
 
 
 class Clock:

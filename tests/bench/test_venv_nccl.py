@@ -115,3 +115,31 @@ def test_worker_prints_nccl_versions_as_nccl_does() -> None:
     assert worker._nccl_version_text(22809) == "2.28.9"
     assert worker._nccl_version_text(21903) == "2.19.3"
     assert worker._nccl_version_text(2708) == "2.7.8"  # before 2.9: major*1000 + minor*100
+
+
+def test_worker_waits_for_the_parents_release_then_goes() -> None:
+    """A finished nccl4py worker exits only once the parent closed its control pipe (every rank
+    done), or after its deadline when the parent never does."""
+    import os
+    import threading
+    import time
+
+    sys.path.insert(0, str(WORKER_SCRIPT.parent))
+    try:
+        import worker
+    finally:
+        sys.path.pop(0)
+    r, w = os.pipe()
+    with os.fdopen(r) as stream:
+        threading.Timer(0.3, os.close, args=(w,)).start()
+        t0 = time.monotonic()
+        worker.await_release(stream, 30.0)
+        assert 0.25 <= time.monotonic() - t0 < 5.0
+    r, w = os.pipe()
+    try:
+        with os.fdopen(r) as stream:
+            t0 = time.monotonic()
+            worker.await_release(stream, 0.2)
+            assert 0.15 <= time.monotonic() - t0 < 5.0
+    finally:
+        os.close(w)

@@ -195,12 +195,14 @@ def _engine_available(backend: str, engine: str) -> bool:
 
 def run_bench(ctx: Context, p: Plan, *, min_busbw_gbps: float | None = None,
               floor_source: str = "--min-busbw",
-              on_progress: Callable[[str], None] | None = None) -> BenchResult:
-    """Run a plan and judge it; the GPUs are named by what each worker reports (PCI bus id)."""
+              on_progress: Callable[[str], None] | None = None,
+              on_done: Callable[[], None] | None = None) -> BenchResult:
+    """Run a plan and judge it; the GPUs are named by what each worker reports (PCI bus id).
+    ``on_done``: called once every rank has reported done (before their exits)."""
     if p.skip is not None or p.options is None:
         assert p.skip is not None
         return p.skip
-    record = run_workers(p.options, on_progress=on_progress)
+    record = run_workers(p.options, on_progress=on_progress, on_done=on_done)
     gpus = p.gpus
     if p.options.backend == "nccl":
         by_bus = {normalize_bus_id(g.pci_bus_id): g for g in ctx.gpus().gpus if g.pci_bus_id}

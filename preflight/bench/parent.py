@@ -254,7 +254,8 @@ def _worker_env(opts: BenchOptions) -> dict[str, str]:
 
 
 def run_workers(opts: BenchOptions, *,
-                on_progress: Callable[[str], None] | None = None) -> RunRecord:
+                on_progress: Callable[[str], None] | None = None,
+                on_done: Callable[[], None] | None = None) -> RunRecord:
     """Start ``opts.nproc`` workers, follow them to the end or to a deadline, kill what is left.
 
     Never raises for a worker's failure: the record's ``failure`` says what went wrong. Always
@@ -264,7 +265,7 @@ def run_workers(opts: BenchOptions, *,
     deadlines = Deadlines.from_timeout(opts.timeout_s)
     log_dir = tempfile.mkdtemp(prefix="preflight-bench-")
     with _terminate_as_exit():
-        return _run(opts, started, deadlines, log_dir, on_progress)
+        return _run(opts, started, deadlines, log_dir, on_progress=on_progress, on_done=on_done)
 
 
 @contextlib.contextmanager
@@ -289,8 +290,9 @@ def _terminate_as_exit() -> Any:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _run(opts: BenchOptions, started: float, deadlines: Deadlines, log_dir: str,
-         on_progress: Callable[[str], None] | None) -> RunRecord:
+def _run(opts: BenchOptions, started: float, deadlines: Deadlines, log_dir: str, *,
+         on_progress: Callable[[str], None] | None,
+         on_done: Callable[[], None] | None = None) -> RunRecord:
     keep = opts.debug
     labels = opts.labels or tuple("CPU" if opts.backend == "gloo" else f"cuda:{r}"
                                   for r in range(opts.nproc))
@@ -340,8 +342,11 @@ def _run(opts: BenchOptions, started: float, deadlines: Deadlines, log_dir: str,
             now = time.monotonic()
             if all_done is None and all(st.phase == "done" for st in ranks):
                 all_done = now
-                # Every rank is past its last collective: the nccl4py workers may exit now.
+                # Every rank is past its last collective: the nccl4py workers may exit now, and
+                # the GPUs are free for the next test while they do.
                 _release(ranks)
+                if on_done is not None:
+                    on_done()
             if all_done is not None:
                 # Everything is reported: wait on the exits themselves, waking the moment the
                 # last one is reaped (a pipe reaches end of file while its process still closes

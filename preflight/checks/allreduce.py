@@ -19,6 +19,8 @@ margin).
 
 from __future__ import annotations
 
+import threading
+
 from preflight.core.context import Context, activity
 from preflight.core.result import Result, Status
 
@@ -46,9 +48,22 @@ def run(ctx: Context) -> Result:
     floor = ctx.config.min_busbw_gbps
     from preflight.gpuspeed import gpu_turn
 
-    with activity("the all-reduce workers (preflight bench)"), gpu_turn(ctx):
-        result = run_bench(ctx, the_plan, min_busbw_gbps=floor,
-                           floor_source="min_busbw_gbps / --min-busbw")
+    turn = gpu_turn(ctx)
+    handed_over = threading.Event()
+
+    def hand_over() -> None:
+        # Every rank reported done: gpu_speed may measure while the workers exit.
+        if not handed_over.is_set():
+            handed_over.set()
+            turn.release()
+
+    with activity("the all-reduce workers (preflight bench)"):
+        turn.acquire()
+        try:
+            result = run_bench(ctx, the_plan, min_busbw_gbps=floor,
+                               floor_source="min_busbw_gbps / --min-busbw", on_done=hand_over)
+        finally:
+            hand_over()
     # The whole run (rows, devices, NCCL summary) goes to Report.bandwidth (lifted by the runner).
     return Result(NAME, result.status, result.reason, result.message, result.remedy,
                   details={**result.details(), "bandwidth": result.to_json()})

@@ -337,3 +337,24 @@ def test_store_listens_on_loopback_only() -> None:
     assert record.failure is None and record.store_port
     assert seen and seen[0], "rank 0 listened on nothing?"
     assert set(seen[0]) == {"127.0.0.1"}, seen
+
+
+def test_on_done_fires_once_when_every_rank_reported_done() -> None:
+    """The allreduce check hands the GPUs to gpu_speed at that moment, before the exits."""
+    calls: list[float] = []
+    record = run_workers(_opts(nproc=2), on_done=lambda: calls.append(time.monotonic()))
+    assert record.failure is None
+    assert len(calls) == 1
+    assert all(st.phase == "done" for st in record.ranks)
+
+
+def test_on_done_never_fires_for_a_run_that_fails() -> None:
+    calls: list[int] = []
+    env = {**os.environ, "PREFLIGHT_BENCH_TEST_CORRUPT_RANK": "1"}
+    # A wrong sum still ends with every rank done (the verdict fails, not the run) ...
+    record = run_workers(_opts(env=env), on_done=lambda: calls.append(1))
+    assert record.failure is None and calls == [1]
+    # ... a worker that cannot start never gets there.
+    calls.clear()
+    record = run_workers(_opts(python="/nonexistent/python"), on_done=lambda: calls.append(1))
+    assert record.failure is not None and calls == []

@@ -599,6 +599,27 @@ def _run_nccl4py(args: argparse.Namespace, progress: Progress, sizes: list[int],
                    comm=comm, nccl=nccl)
 
 
+#: What both PTX kernels below share: %rd3 = this thread's first index, %rd5 = the grid's
+#: stride, %p1 = nothing to do (index >= n in %rd2) ...
+_PTX_INDEX = """\
+    mov.u32 %r1, %ctaid.x;
+    mov.u32 %r2, %ntid.x;
+    mov.u32 %r3, %tid.x;
+    mov.u32 %r4, %nctaid.x;
+    mul.wide.u32 %rd3, %r1, %r2;
+    cvt.u64.u32 %rd4, %r3;
+    add.u64 %rd3, %rd3, %rd4;
+    mul.wide.u32 %rd5, %r4, %r2;
+    setp.ge.u64 %p1, %rd3, %rd2;
+"""
+#: ... and %f2 = pattern(%rd3) as float32.
+_PTX_PATTERN = """\
+    cvt.u32.u64 %r5, %rd3;
+    and.b32 %r5, %r5, 4095;
+    mul.lo.u32 %r5, %r5, 7919;
+    rem.u32 %r5, %r5, 1021;
+    cvt.rn.f32.u32 %f2, %r5;
+"""
 #: The nccl4py engine's fill and check, as PTX the driver compiles for the GPU it runs on (no
 #: compiler, no torch): ``pf_fill`` writes ``pattern(i) + offset``, ``pf_check`` counts the
 #: elements that differ from ``pattern(i) * mul + add`` and keeps the lowest such index, where
@@ -619,22 +640,10 @@ _PTX = """\
     ld.param.u64 %rd2, [p_n];
     ld.param.f32 %f1, [p_off];
     cvta.to.global.u64 %rd1, %rd1;
-    mov.u32 %r1, %ctaid.x;
-    mov.u32 %r2, %ntid.x;
-    mov.u32 %r3, %tid.x;
-    mov.u32 %r4, %nctaid.x;
-    mul.wide.u32 %rd3, %r1, %r2;
-    cvt.u64.u32 %rd4, %r3;
-    add.u64 %rd3, %rd3, %rd4;
-    mul.wide.u32 %rd5, %r4, %r2;
-    setp.ge.u64 %p1, %rd3, %rd2;
+@INDEX@
     @%p1 bra FILL_DONE;
 FILL_LOOP:
-    cvt.u32.u64 %r5, %rd3;
-    and.b32 %r5, %r5, 4095;
-    mul.lo.u32 %r5, %r5, 7919;
-    rem.u32 %r5, %r5, 1021;
-    cvt.rn.f32.u32 %f2, %r5;
+@PATTERN@
     add.rn.f32 %f2, %f2, %f1;
     shl.b64 %rd6, %rd3, 2;
     add.u64 %rd7, %rd1, %rd6;
@@ -661,22 +670,10 @@ FILL_DONE:
     cvta.to.global.u64 %rd1, %rd1;
     cvta.to.global.u64 %rd8, %rd8;
     add.u64 %rd9, %rd8, 8;
-    mov.u32 %r1, %ctaid.x;
-    mov.u32 %r2, %ntid.x;
-    mov.u32 %r3, %tid.x;
-    mov.u32 %r4, %nctaid.x;
-    mul.wide.u32 %rd3, %r1, %r2;
-    cvt.u64.u32 %rd4, %r3;
-    add.u64 %rd3, %rd3, %rd4;
-    mul.wide.u32 %rd5, %r4, %r2;
-    setp.ge.u64 %p1, %rd3, %rd2;
+@INDEX@
     @%p1 bra CHECK_DONE;
 CHECK_LOOP:
-    cvt.u32.u64 %r5, %rd3;
-    and.b32 %r5, %r5, 4095;
-    mul.lo.u32 %r5, %r5, 7919;
-    rem.u32 %r5, %r5, 1021;
-    cvt.rn.f32.u32 %f2, %r5;
+@PATTERN@
     mul.rn.f32 %f2, %f2, %f1;
     add.rn.f32 %f2, %f2, %f3;
     shl.b64 %rd6, %rd3, 2;
@@ -693,7 +690,7 @@ CHECK_NEXT:
 CHECK_DONE:
     ret;
 }
-"""
+""".replace("@INDEX@\n", _PTX_INDEX).replace("@PATTERN@\n", _PTX_PATTERN)
 #: Threads per block and the most blocks of the fill / check launches (grid-stride beyond that).
 _BLOCK = 256
 _MAX_BLOCKS = 4096

@@ -143,3 +143,19 @@ def test_worker_waits_for_the_parents_release_then_goes() -> None:
             assert 0.15 <= time.monotonic() - t0 < 5.0
     finally:
         os.close(w)
+
+
+def test_the_ptx_the_driver_compiles_is_whole() -> None:
+    """The GPU-side fill and check are spliced from shared pieces: both kernels present, every
+    piece in place, braces balanced (the PTX itself ran on H200s: docs/benchmarks.md)."""
+    sys.path.insert(0, str(WORKER_SCRIPT.parent))
+    try:
+        import worker
+    finally:
+        sys.path.pop(0)
+    ptx = worker._PTX
+    assert "@" not in ptx.replace("@%p", "").replace("@!%p", "")
+    assert ptx.count(".visible .entry pf_fill(") == 1
+    assert ptx.count(".visible .entry pf_check(") == 1
+    assert ptx.count(worker._PTX_INDEX) == 2 and ptx.count(worker._PTX_PATTERN) == 2
+    assert ptx.count("{") == ptx.count("}") == 2

@@ -84,7 +84,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "docs/gpu-speed.md)")
     p.add_argument("--gpu-engine", choices=("auto", "cuda", "torch", "cpu"),
                    help="with --gpu: worker engine (default gpu_speed_engine, auto: cuda-bindings"
-                        " + nvmath-python, else torch; cpu is a plumbing test)")
+                        " + cuBLAS, else torch; cpu is a plumbing test)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--debug", action="store_true",
                    help="run the workers with NCCL_DEBUG=INFO, keep their output in a directory "

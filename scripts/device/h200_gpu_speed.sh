@@ -15,7 +15,7 @@ export CUDA_DEVICE_ORDER=PCI_BUS_ID
 
 sec "machine $(date -u +%FT%TZ)"
 run nvidia-smi --query-gpu=index,name,pci.bus_id,clocks.max.sm,clocks.max.mem,power.limit,power.default_limit,pcie.link.gen.max,pcie.link.width.max --format=csv
-run python3 -c "import cuda.bindings, nvmath; print('cuda-bindings', cuda.bindings.__version__, 'nvmath', nvmath.__version__)"
+run python3 -c "import cuda.bindings, cuda.pathfinder as p; print('cuda-bindings', cuda.bindings.__version__, 'cublas', p.load_nvidia_dynamic_lib('cublas').abs_path)"
 run python3 -c "
 import json; from preflight.probes.nvml import NvmlGpuProbe
 for g in NvmlGpuProbe().snapshot().gpus: print(g.index, g.pci_bus_id, g.name, json.dumps(g.clocks.__dict__))"

@@ -22,7 +22,7 @@ PORT=$((20000 + RANDOM % 20000)); TAG=pfx2$$
 sec "machine $(date -u +%FT%TZ)"
 run nvidia-smi -L
 run python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version())"
-run python3 -c "import nccl.core, cuda.core, numpy; print('nccl4py', nccl.core.get_version())"
+run python3 -c "import nccl.bindings.nccl as n; print('libnccl', n.get_version(), n.get_library_path())"
 
 # Network namespaces: a hub with a bridge, node namespaces n0/n1 with eth0 10.78.0.1/.2.
 NS=0

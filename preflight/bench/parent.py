@@ -59,6 +59,7 @@ from typing import Any, Protocol
 
 from preflight.bench import leftovers
 from preflight.core.units import fmt_bytes
+from preflight.probes.pyenv import nccl_version_text
 
 PHASES = ("spawn", "init", "warmup", "measure", "verify", "done")
 PHASE_WORDS = {"spawn": "spawn", "init": "init", "warmup": "warm-up", "measure": "measure",
@@ -490,7 +491,9 @@ def _consume(st: RankState, chunk: bytes, sizes: Sequence[int], now: float,
             st.pid = int(msg.get("pid") or st.pid or 0)
             st.pci_bus_id = msg.get("pci_bus_id")
             st.engine = str(msg["engine"]) if msg.get("engine") else None
-            st.nccl_version = str(msg["nccl"]) if msg.get("nccl") else None
+            code = msg.get("nccl_code")
+            st.nccl_version = (nccl_version_text(code) if isinstance(code, int) else
+                               str(msg["nccl"]) if msg.get("nccl") else None)
             st.libnccl = str(msg["libnccl"]) if msg.get("libnccl") else None
         elif ev == "phase":
             phase = str(msg.get("phase"))

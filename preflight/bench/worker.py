@@ -466,13 +466,6 @@ NCCL_FLOAT32 = 7
 NCCL_SUM = 0
 
 
-def _nccl_version_text(code: int) -> str:
-    """ncclGetVersion's integer as NCCL prints it: 22809 -> "2.28.9" (1000s before 2.9)."""
-    if code >= 10000:
-        return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
-    return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
-
-
 def _preload(library: str) -> None:
     """Load ``library`` globally before nccl4py asks cuda-pathfinder for libnccl: pathfinder takes
     a libnccl.so.2 that is already loaded, so nccl4py runs the training environment's NCCL."""
@@ -572,7 +565,8 @@ def _run_nccl4py(args: argparse.Namespace, progress: Progress, sizes: list[int],
         raise RuntimeError(f"nccl4py loaded {lib_path}, not the training environment's "
                            f"{args.libnccl}")
     progress.send("spawned", pid=os.getpid(), device=f"cuda:{index}", engine="nccl4py",
-                  pci_bus_id=gpu.pci_bus_id, nccl=_nccl_version_text(int(nccl.get_version())),
+                  # ncclGetVersion's integer: the parent writes it as text (pyenv's reader).
+                  pci_bus_id=gpu.pci_bus_id, nccl_code=int(nccl.get_version()),
                   libnccl=str(lib_path) if lib_path else None)
     progress.send("phase", phase="init")
 

@@ -5,6 +5,7 @@ the venv's torch. Real venvs (tests/venvs.py) with a real libnccl.so.2 built her
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from preflight.bench import plan
-from preflight.bench.parent import WORKER_SCRIPT
+from preflight.bench.parent import WORKER_SCRIPT, RankState, _consume
 from tests.conftest import MakeCtx
 from tests.venvs import MakeVenv, site_packages
 
@@ -106,15 +107,15 @@ def test_worker_cli_accepts_libnccl() -> None:
     assert proc.returncode == 0 and "--libnccl" in proc.stdout
 
 
-def test_worker_prints_nccl_versions_as_nccl_does() -> None:
-    sys.path.insert(0, str(WORKER_SCRIPT.parent))
-    try:
-        import worker
-    finally:
-        sys.path.pop(0)
-    assert worker._nccl_version_text(22809) == "2.28.9"
-    assert worker._nccl_version_text(21903) == "2.19.3"
-    assert worker._nccl_version_text(2708) == "2.7.8"  # before 2.9: major*1000 + minor*100
+def test_nccl4py_workers_nccl_version_reads_as_nccl_prints_it() -> None:
+    """The nccl4py worker reports ncclGetVersion's integer; the parent writes it with the same
+    reader as the fingerprint (probes/pyenv.py)."""
+    # 2708: before 2.9 the code was major*1000 + minor*100 + patch.
+    for code, text in ((22809, "2.28.9"), (21903, "2.19.3"), (2708, "2.7.8")):
+        st = RankState(rank=0, label="GPU 0")
+        line = json.dumps({"ev": "spawned", "pid": 1, "engine": "nccl4py", "nccl_code": code})
+        _consume(st, line.encode() + b"\n", (1 << 30,), 0.0, None)
+        assert st.nccl_version == text
 
 
 def test_worker_waits_for_the_parents_release_then_goes() -> None:

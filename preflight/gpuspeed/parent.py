@@ -34,6 +34,7 @@ from typing import Any
 from preflight.bench.parent import (
     GRACE_S,
     HEARTBEAT_SILENT_S,
+    Failure,
     RankState,
     _collect_tracebacks,
     _exit_text,
@@ -84,18 +85,9 @@ class WorkerState(RankState):
 
 
 @dataclass(frozen=True)
-class WorkerFailure:
-    """Why the run did not complete: ``kind`` stalled, timeout, died, error, spawn."""
-
-    kind: str
-    message: str
-    workers: tuple[int, ...]
-
-
-@dataclass(frozen=True)
 class SpeedRecord:
     workers: tuple[WorkerState, ...]
-    failure: WorkerFailure | None
+    failure: Failure | None
     elapsed_s: float
 
 
@@ -116,7 +108,7 @@ def run_workers(opts: SpeedOptions) -> SpeedRecord:
     env = _env(opts)
     sel = selectors.DefaultSelector()
     logs: list[Any] = []
-    failure: WorkerFailure | None = None
+    failure: Failure | None = None
     held = released = False
     try:
         for st in workers:
@@ -150,7 +142,7 @@ def run_workers(opts: SpeedOptions) -> SpeedRecord:
                     for st in workers:
                         st.entered = now
                 elif now - gate_since > opts.gate_wait_s:
-                    failure = WorkerFailure("timeout", "another GPU test (the all-reduce) held "
+                    failure = Failure("timeout", "another GPU test (the all-reduce) held "
                                             f"the GPUs for more than {opts.gate_wait_s:g} s",
                                             tuple(st.rank for st in workers))
                 continue
@@ -165,7 +157,7 @@ def run_workers(opts: SpeedOptions) -> SpeedRecord:
 
 
 def _spawn(st: WorkerState, opts: SpeedOptions, *, env: dict[str, str], log_dir: str,
-           sel: selectors.BaseSelector, logs: list[Any]) -> WorkerFailure | None:
+           sel: selectors.BaseSelector, logs: list[Any]) -> Failure | None:
     read_fd, write_fd = os.pipe()
     argv = [opts.python, str(WORKER_SCRIPT), "--pci-bus-id", opts.bus_ids[st.rank],
             "--cuda-index", str(opts.cuda_indices[st.rank]), "--engine", opts.engine,
@@ -173,7 +165,7 @@ def _spawn(st: WorkerState, opts: SpeedOptions, *, env: dict[str, str], log_dir:
     exc = launch(st, argv, pipe=(read_fd, write_fd), env=env, log_dir=log_dir, sel=sel,
                  logs=logs)
     if exc is not None:
-        return WorkerFailure("spawn", f"cannot start the worker for {st.label} ({opts.python}): "
+        return Failure("spawn", f"cannot start the worker for {st.label} ({opts.python}): "
                             f"{exc}", (st.rank,))
     return None
 
@@ -213,7 +205,7 @@ def _consume(st: WorkerState, chunk: bytes, now: float) -> None:
 
 
 def _late(workers: Sequence[WorkerState], opts: SpeedOptions, now: float,
-          started: float) -> WorkerFailure | None:
+          started: float) -> Failure | None:
     late = [st for st in workers if st.phase not in ("done", "ready")
             and now - st.entered > opts.deadline(st.phase)]
     if late:
@@ -221,12 +213,12 @@ def _late(workers: Sequence[WorkerState], opts: SpeedOptions, now: float,
         silent = now - st.last_beat > HEARTBEAT_SILENT_S
         beat = (f" (no heartbeat for {now - st.last_beat:.0f} s: the process is frozen)" if silent
                 else " (heartbeats still arrive: the GPU or driver does not finish the work)")
-        return WorkerFailure("stalled", f"the worker for {st.label} stalled in {st.phase} after "
+        return Failure("stalled", f"the worker for {st.label} stalled in {st.phase} after "
                             f"{now - st.entered:.1f} s (deadline {opts.deadline(st.phase):g} s)"
                             f"{beat}{_others(workers, late)}", tuple(s.rank for s in late))
     if now - started > opts.timeout_s:
         slow = [st for st in workers if st.phase != "done"]
-        return WorkerFailure("timeout", f"the run did not finish within {opts.timeout_s:g} s; "
+        return Failure("timeout", f"the run did not finish within {opts.timeout_s:g} s; "
                             + ", ".join(f"{st.label} in {st.phase}" for st in slow),
                             tuple(st.rank for st in slow))
     return None
@@ -237,14 +229,14 @@ def _others(workers: Sequence[WorkerState], skip: Sequence[WorkerState]) -> str:
     return "; " + "; ".join(rest) if rest else ""
 
 
-def _broken(workers: Sequence[WorkerState]) -> WorkerFailure:
+def _broken(workers: Sequence[WorkerState]) -> Failure:
     errs = [st for st in workers if st.error]
     if errs:
         st = errs[0]
-        return WorkerFailure("error", f"the worker for {st.label} failed in {st.phase}: "
+        return Failure("error", f"the worker for {st.label} failed in {st.phase}: "
                             f"{st.error}", tuple(s.rank for s in errs))
     dead = [st for st in workers if st.proc and st.proc.poll() not in (None, 0)]
     st = dead[0]
     how = _exit_text(st.proc.poll() if st.proc else None)
-    return WorkerFailure("died", f"the worker for {st.label} {how} in {st.phase} without a report",
+    return Failure("died", f"the worker for {st.label} {how} in {st.phase} without a report",
                         tuple(s.rank for s in dead))

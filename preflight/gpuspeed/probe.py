@@ -118,10 +118,10 @@ class WorkerSpeedProbe:
         failure = None
         if rec.failure is not None:
             f = rec.failure
-            tb = next((rec.workers[i].traceback for i in f.workers if rec.workers[i].traceback),
+            tb = next((rec.workers[i].traceback for i in f.ranks if rec.workers[i].traceback),
                       "")
             kind = f.kind
             if kind == "error" and "No module named" in f.message:
                 kind = "engine"
-            failure = SpeedFailure(kind, f.message, tuple(opts.bus_ids[i] for i in f.workers), tb)
+            failure = SpeedFailure(kind, f.message, tuple(opts.bus_ids[i] for i in f.ranks), tb)
         return SpeedRun(measures=measures, failure=failure, elapsed_s=rec.elapsed_s)

@@ -122,7 +122,6 @@ class Cublas:
         except (DynamicLibNotFoundError, OSError) as exc:
             # As a missing package: engine auto falls back to torch.
             raise ImportError(f"cuBLAS could not be loaded: {exc}") from exc
-        self.path = str(loaded.abs_path)
         vp, i = ctypes.c_void_p, ctypes.c_int
         self._create = lib.cublasCreate_v2
         self._create.argtypes = [ctypes.POINTER(vp)]

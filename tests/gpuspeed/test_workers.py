@@ -50,7 +50,7 @@ def test_a_frozen_worker_is_named_with_its_gpu_and_phase_and_nothing_is_left() -
     assert rec.failure is not None and rec.failure.kind == "stalled"
     assert rec.failure.message.startswith("the worker for GPU 1, 0000:00:07.0 stalled in d2d")
     assert "no heartbeat" in rec.failure.message and "frozen" in rec.failure.message
-    assert rec.failure.workers == (1,)
+    assert rec.failure.ranks == (1,)
     assert took < opts.deadline("d2d") + 3
     assert all(_gone(st.pid) for st in rec.workers)
 

@@ -19,8 +19,6 @@ margin).
 
 from __future__ import annotations
 
-import threading
-
 from preflight.core.context import Context, activity
 from preflight.core.result import Result, Status
 
@@ -49,16 +47,18 @@ def run(ctx: Context) -> Result:
     from preflight.gpuspeed import gpu_turn
 
     turn = gpu_turn(ctx)
-    handed_over = threading.Event()
+    held = False
 
     def hand_over() -> None:
         # Every rank reported done: gpu_speed may measure while the workers exit.
-        if not handed_over.is_set():
-            handed_over.set()
+        nonlocal held
+        if held:
+            held = False
             turn.release()
 
     with activity("the all-reduce workers (preflight bench)"):
         turn.acquire()
+        held = True
         try:
             result = run_bench(ctx, the_plan, min_busbw_gbps=floor,
                                floor_source="min_busbw_gbps / --min-busbw", on_done=hand_over)

@@ -185,8 +185,9 @@ def gather(watched: Sequence[str]) -> dict[str, Any]:
         nccl, nccl_source = str(wheel.version), f"{wheel.metadata['Name']} wheel metadata"
 
     # Whether this environment can run the bench's nccl4py engine itself (metadata, no import).
-    engine = [_distribution(n) for n in ("nccl4py", "cuda-bindings")]
-    nccl4py = str(engine[0].version) if all(engine) and engine[0] is not None else None
+    nccl4py_dist, bindings_dist = _distribution("nccl4py"), _distribution("cuda-bindings")
+    nccl4py = (str(nccl4py_dist.version) if nccl4py_dist is not None and bindings_dist is not None
+               else None)
 
     cudnn = cudnn_source = None
     for name in CUDNN_WHEELS:

@@ -20,6 +20,13 @@ from tests.cluster.conftest import Cluster, finish_all, needs_root
 pytestmark = [needs_root, pytest.mark.root, pytest.mark.slow]
 
 
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def verdicts(results: list[tuple[int, str, str]]) -> list[dict[str, Any]]:
     out = []
     for rc, stdout, stderr in results:
@@ -140,12 +147,14 @@ def test_stalled_rank_is_named_with_its_node_and_device(cluster: Any) -> None:
     c: Cluster = cluster(3)
     agents = [c.start(r, timeout_s=6) for r in range(3)]
     agents[1].wait_stderr("all-reduce world")
-    agent_pid = str(agents[1].proc.pid)
     worker = None
-    for _ in range(100):
-        others = [p for p in c.pids(1) if p != agent_pid]
-        if others:
-            worker = int(others[0])
+    for _ in range(200):
+        # The worker once it runs worker.py: a child caught between fork and exec still runs the
+        # agent's code, and stopping it there blocks the agent inside subprocess.Popen, which
+        # waits for the exec (seen under load on a 2-core CI machine).
+        workers = [int(p) for p in c.pids(1) if b"worker.py" in cmdline(int(p))]
+        if workers:
+            worker = workers[0]
             break
         time.sleep(0.05)
     assert worker is not None, "node 1 started no worker"

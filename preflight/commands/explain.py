@@ -1,12 +1,14 @@
 """``preflight explain FILE... [--json]``: classify a failed job's logs (issue 6).
 
-Exit codes: 0 nothing recognised, 1 findings, 2 usage error (a missing or unreadable file).
+Exit codes: 0 nothing recognised, 1 findings, 2 usage error (a missing or unreadable file, a
+directory or a device: only regular files and pipes end).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import stat
 import sys
 from collections.abc import Iterator
 from typing import BinaryIO
@@ -23,10 +25,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                     "failure classes found, root cause first: layer (environment, "
                     "communication, data, model, hardware), evidence lines, ranks involved and "
                     "the fix. Reasons: docs/explain.md.",
-        epilog="exit codes: 0 nothing recognised, 1 findings, 2 usage error (missing file)")
+        epilog="exit codes: 0 nothing recognised, 1 findings, 2 usage error (a missing file, a "
+               "directory or a device)")
     p.add_argument("files", nargs="+", metavar="FILE",
-                   help="log files; '-' reads standard input. A name like rank3.log or "
-                        "attempt_0/3/stderr.log gives unprefixed lines rank 3")
+                   help="log files or pipes (<(kubectl logs POD)); '-' reads standard input. "
+                        "A name like rank3.log or attempt_0/3/stderr.log gives unprefixed "
+                        "lines rank 3")
     p.add_argument("--json", action="store_true",
                    help="print JSON: {findings: [{reason, layer, message, remedy, evidence, "
                         "ranks}], ranks: {...}}")
@@ -43,6 +47,25 @@ def _streams(files: list[str]) -> Iterator[tuple[str, BinaryIO]]:
                 yield name, stream
 
 
+def _not_a_log(name: str) -> str | None:
+    """Why ``name`` cannot be read as a log, None when it can: a regular file, or a pipe
+    (``<(kubectl logs POD)``, a named FIFO), which ends when its writer closes it. A device such
+    as /dev/zero never ends, so it is refused rather than read forever."""
+    try:
+        mode = os.stat(name).st_mode
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as exc:
+        return f"cannot read: {exc.strerror or exc}"
+    if stat.S_ISREG(mode) or stat.S_ISFIFO(mode):
+        return None
+    kind = ("is a directory" if stat.S_ISDIR(mode) else
+            "is a character device" if stat.S_ISCHR(mode) else
+            "is a block device" if stat.S_ISBLK(mode) else
+            "is a socket" if stat.S_ISSOCK(mode) else "is not a regular file")
+    return f"{kind}; give a log file, a pipe, or - for standard input"
+
+
 def run(args: argparse.Namespace) -> int:
     from preflight.explain import explain_streams
     from preflight.explain.output import render_text, to_json
@@ -52,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
         print("preflight explain: '-' (standard input) can be given once", file=sys.stderr)
         return int(ExitCode.USAGE)
     for name in files:
-        if name != "-" and not os.path.isfile(name):
-            what = "is a directory" if os.path.isdir(name) else "no such file"
+        what = None if name == "-" else _not_a_log(name)
+        if what is not None:
             print(f"preflight explain: {name}: {what}", file=sys.stderr)
             return int(ExitCode.USAGE)
     try:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,35 @@ def test_missing_file_or_directory_is_a_usage_error(
     assert main(["explain", str(LOGS / "port_in_use.log"), str(path)]) == 2
     err = capsys.readouterr()
     assert str(path) in err.err and "Traceback" not in err.err and err.out == ""
+
+
+def test_process_substitution_and_named_pipe_are_read() -> None:
+    """``preflight explain <(kubectl logs POD)``: bash hands over /dev/fd/N, a pipe."""
+    log = str(LOGS / "oom_broken_pipe.log")
+    proc = subprocess.run(
+        ["bash", "-c", 'exec "$0" -m preflight explain --json <(cat "$1")', sys.executable, log],
+        capture_output=True, timeout=60, check=False, text=True)
+    assert proc.returncode == 1, proc.stderr
+    assert json.loads(proc.stdout)["findings"][0]["reason"] == "CudaOutOfMemory"
+
+
+def test_named_fifo_is_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fifo = tmp_path / "job.log"
+    os.mkfifo(fifo)
+    writer = threading.Thread(
+        target=lambda: fifo.write_bytes((LOGS / "port_in_use.log").read_bytes()), daemon=True)
+    writer.start()
+    assert main(["explain", str(fifo)]) == 1
+    writer.join(10)
+    assert "MASTER_PORT" in capsys.readouterr().out
+
+
+def test_a_device_is_refused_not_read_forever() -> None:
+    proc = subprocess.run([sys.executable, "-m", "preflight", "explain", "/dev/zero"],
+                          capture_output=True, timeout=60, check=False, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("preflight explain: /dev/zero: is a character device; give a "
+                                   "log file, a pipe, or - for standard input")
 
 
 def test_stdin_dash_reads_standard_input() -> None:

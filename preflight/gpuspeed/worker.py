@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import array
+import contextlib
 import ctypes
 import json
 import os
@@ -72,6 +73,17 @@ class Progress:
                 self._file.flush()
             except (BrokenPipeError, ValueError):
                 os._exit(3)  # the parent is gone: nothing may keep running
+
+
+def _killed_with(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (PR_SET_PDEATHSIG = 1): a stopped
+    worker, or one stuck inside the driver, never gets to the heartbeat's orphan test. A parent
+    that died before the request is caught by comparing the parent pid afterwards."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(3)
 
 
 def _heartbeat(progress: Progress, parent_pid: int) -> None:
@@ -440,10 +452,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine", choices=("auto", "cuda", "torch", "cpu"), default="auto")
     p.add_argument("--kinds", default="h2d,d2h,d2d,gemm")
     p.add_argument("--progress-fd", type=int, required=True)
+    p.add_argument("--parent-pid", type=int, default=0)
     args = p.parse_args(argv)
+    parent = args.parent_pid or os.getppid()
+    _killed_with(parent)
     progress = Progress(args.progress_fd)
     progress.send("spawned", pid=os.getpid(), pci_bus_id=args.pci_bus_id)
-    threading.Thread(target=_heartbeat, args=(progress, os.getppid()), daemon=True).start()
+    threading.Thread(target=_heartbeat, args=(progress, parent), daemon=True).start()
     code = 0
     try:
         run(args, progress)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from preflight import __version__
+from preflight.core import aborting
 from preflight.core.config import Config, ConfigError, load
 from preflight.core.context import Context, make_context
 from preflight.core.result import ExitCode, Report, exit_code
@@ -155,13 +156,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="preflight: %(levelname)s %(name)s: %(message)s")
     try:
-        code = int(args.func(args))
+        # SIGTERM / SIGHUP: the workers and scratch files of the checks' threads are removed
+        # before the process dies of the signal (core/aborting.py).
+        with aborting.undo_on_signals():
+            code = int(args.func(args))
         sys.stdout.flush()
         return code
     except ConfigError as exc:
         print(f"preflight: configuration error: {exc}", file=sys.stderr)
         return int(ExitCode.USAGE)
     except KeyboardInterrupt:
+        aborting.abort()
         return 130
     except BrokenPipeError:
         # `preflight check | head` is not an error of the node.
@@ -177,6 +182,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(ExitCode.UNDECIDED)
     except Exception as exc:  # the command boundary: a preflight bug is "undecided", not a FAIL
         return _undecided(exc)
+    finally:
+        # A check thread the runner gave up on may still have workers: none outlives the command.
+        aborting.undo_abandoned()
 
 
 def _prolog_usage_fail_open(argv: Sequence[str], exc: SystemExit) -> int:

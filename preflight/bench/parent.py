@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from preflight.bench import leftovers
+from preflight.core import aborting
 from preflight.core.units import fmt_bytes
 from preflight.probes.pyenv import nccl_version_text
 
@@ -310,6 +311,9 @@ def _run(opts: BenchOptions, started: float, deadlines: Deadlines, log_dir: str,
     fetch: _UidFetch | None = None
     shm_before = leftovers.snapshot() if opts.backend == "nccl" else None
     shm_removed: tuple[str, ...] = ()
+    # Until the workers are reaped: a signal that ends preflight while this runs in a check's
+    # daemon thread (whose finally never runs then) kills them and removes their files.
+    undo = aborting.register(lambda: abandon(ranks, log_dir, shm_before))
     try:
         if w is not None and opts.engine == "nccl4py" and w.relay is None:
             failure = Failure("spawn", "the nccl4py engine across nodes needs the cluster store "
@@ -377,6 +381,7 @@ def _run(opts: BenchOptions, started: float, deadlines: Deadlines, log_dir: str,
         if not completed and not keep:
             # Interrupted (SIGINT, SIGTERM): no report follows, so nothing of the run may stay.
             shutil.rmtree(log_dir, ignore_errors=True)
+        aborting.unregister(undo)
     _collect_tracebacks(ranks, log_dir)
     if not keep:
         shutil.rmtree(log_dir, ignore_errors=True)
@@ -421,6 +426,10 @@ def launch(st: RankState, argv: Sequence[str], *, pipe: tuple[int, int], env: Ma
     output in ``log_dir/rank<N>.log``; register the read end in ``sel`` with ``st`` as data.
     Shared by the all-reduce and the gpu_speed workers; the OSError when it cannot start."""
     read_fd, write_fd = pipe
+    if aborting.aborted():  # the run's undo has run already: it would miss this worker
+        os.close(read_fd)
+        os.close(write_fd)
+        return aborting.Aborted("preflight is being stopped by a signal")
     log = open(Path(log_dir) / f"rank{st.rank}.log", "wb")  # noqa: SIM115 - closed by the caller
     logs.append(log)
     try:
@@ -781,6 +790,17 @@ def await_exits(ranks: Sequence[RankState], timeout_s: float) -> None:
         finally:
             os.close(fd)
         st.proc.poll()
+
+
+def abandon(ranks: Sequence[RankState], log_dir: str,
+            shm_before: frozenset[str] | None = None) -> None:
+    """Undo a run cut short by a signal (core/aborting.py): kill the workers, remove the log
+    directory and, given the snapshot from before the run, what NCCL left in /dev/shm. Shared
+    with the gpu_speed parent."""
+    _kill_all(ranks)
+    shutil.rmtree(log_dir, ignore_errors=True)
+    if shm_before is not None:
+        leftovers.remove_orphans(shm_before)
 
 
 def _kill_all(ranks: Sequence[RankState]) -> None:

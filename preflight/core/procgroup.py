@@ -15,6 +15,8 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from preflight.core import aborting
+
 #: Seconds to collect what a killed group wrote before giving up on its pipes.
 _DRAIN_S = 2.0
 
@@ -44,10 +46,19 @@ def run_in_group(argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str
         GroupTimeout: the deadline passed (the group is dead when this is raised).
         OSError: the program cannot be started (FileNotFoundError, PermissionError...).
     """
+    if aborting.aborted():
+        raise aborting.Aborted(f"not starting {argv[0]}: preflight is being stopped by a signal")
     proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE if input_bytes is not None
                             else subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=dict(env) if env is not None else None,
                             start_new_session=True)
+    # Its own session is out of reach of a signal to preflight: a SIGTERM kills the group here.
+    try:
+        undo = aborting.register(lambda: _kill_group(proc.pid))
+    except aborting.Aborted:
+        _kill_group(proc.pid)
+        proc.wait()
+        raise
     try:
         out, err = proc.communicate(input_bytes, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -61,6 +72,7 @@ def run_in_group(argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str
     finally:
         # Whatever the helper left behind in its group (a backgrounded grandchild) goes too.
         _kill_group(proc.pid)
+        aborting.unregister(undo)
     return Finished(proc.returncode, out, err)
 
 

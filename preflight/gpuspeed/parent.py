@@ -38,11 +38,13 @@ from preflight.bench.parent import (
     RankState,
     _collect_tracebacks,
     _exit_text,
+    abandon,
     await_exits,
     close_run,
     launch,
     read_ready,
 )
+from preflight.core import aborting
 
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 PHASES = ("spawn", "import", "init", "ready", "h2d", "d2h", "d2d", "gemm", "close", "done")
@@ -110,6 +112,8 @@ def run_workers(opts: SpeedOptions) -> SpeedRecord:
     logs: list[Any] = []
     failure: Failure | None = None
     held = released = False
+    # A signal that ends preflight while this runs in a check's thread: see core/aborting.py.
+    undo = aborting.register(lambda: abandon(workers, log_dir))
     try:
         for st in workers:
             failure = _spawn(st, opts, env=env, log_dir=log_dir, sel=sel, logs=logs)
@@ -151,6 +155,7 @@ def run_workers(opts: SpeedOptions) -> SpeedRecord:
         if held and opts.gate is not None:
             opts.gate.release()
         close_run(workers, sel, logs)
+        aborting.unregister(undo)
     _collect_tracebacks(workers, log_dir)
     shutil.rmtree(log_dir, ignore_errors=True)
     return SpeedRecord(workers, failure, time.monotonic() - started)
@@ -161,7 +166,8 @@ def _spawn(st: WorkerState, opts: SpeedOptions, *, env: dict[str, str], log_dir:
     read_fd, write_fd = os.pipe()
     argv = [opts.python, str(WORKER_SCRIPT), "--pci-bus-id", opts.bus_ids[st.rank],
             "--cuda-index", str(opts.cuda_indices[st.rank]), "--engine", opts.engine,
-            "--kinds", ",".join(opts.kinds), "--progress-fd", str(write_fd)]
+            "--kinds", ",".join(opts.kinds), "--progress-fd", str(write_fd),
+            "--parent-pid", str(os.getpid())]
     exc = launch(st, argv, pipe=(read_fd, write_fd), env=env, log_dir=log_dir, sel=sel,
                  logs=logs)
     if exc is not None:

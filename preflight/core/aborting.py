@@ -5,12 +5,12 @@ those threads' ``finally`` clauses never run, so the worker processes they start
 session of its own, out of reach of a signal to preflight's process group) and their scratch
 directories would outlive it: a SIGTERM from Kubernetes or Slurm must not leave a GPU worker, a
 directory in /tmp or a segment in /dev/shm behind. Code that starts such things registers how to
-undo them for as long as they exist (:func:`register` / :func:`unregister`, :func:`undo_on_abort`).
-The CLI runs every command inside :func:`undo_on_signals`, which on the signal calls :func:`abort`
-and then ends the process as the signal would have (killed by it, as a prolog's caller expects);
-it calls :func:`abort` itself on Ctrl-C and :func:`undo_abandoned` when a command returns. After
-:func:`abort` nothing new may be registered: a thread about to start a worker gets
-:class:`Aborted` instead.
+undo them for as long as they exist (:func:`register` / :func:`unregister`). The CLI runs every
+command inside :func:`undo_on_signals`, which on the signal calls :func:`abort` and then ends the
+process as the signal would have (killed by it, as a prolog's caller expects); it calls
+:func:`abort` itself on Ctrl-C and :func:`undo_abandoned` when a command returns. After
+:func:`abort` nothing new may be registered: a thread about to start a worker gets :class:`Aborted`
+instead.
 
 SIGKILL cannot be caught: the workers then die with their parent (Linux PR_SET_PDEATHSIG, set by
 each worker), only the scratch directories stay.
@@ -30,7 +30,7 @@ from typing import Any
 _lock = threading.RLock()
 _pending: dict[int, Callable[[], None]] = {}
 _keys = itertools.count()
-_state = {"aborted": False}
+_aborted = threading.Event()
 
 
 class Aborted(OSError):
@@ -38,7 +38,7 @@ class Aborted(OSError):
 
 
 def aborted() -> bool:
-    return _state["aborted"]
+    return _aborted.is_set()
 
 
 def register(undo: Callable[[], None]) -> int:
@@ -49,7 +49,7 @@ def register(undo: Callable[[], None]) -> int:
         Aborted: :func:`abort` already ran; start nothing.
     """
     with _lock:
-        if _state["aborted"]:
+        if _aborted.is_set():
             raise Aborted("preflight is being stopped by a signal: nothing new is started")
         key = next(_keys)
         _pending[key] = undo
@@ -61,21 +61,11 @@ def unregister(key: int) -> None:
         _pending.pop(key, None)
 
 
-@contextlib.contextmanager
-def undo_on_abort(undo: Callable[[], None]) -> Iterator[None]:
-    """:func:`register` ``undo`` while the block runs."""
-    key = register(undo)
-    try:
-        yield
-    finally:
-        unregister(key)
-
-
 def abort() -> None:
     """Refuse registrations from now on, then run every registered undo, newest first, once. An
     undo that fails does not stop the others."""
     with _lock:
-        _state["aborted"] = True
+        _aborted.set()
     undo_abandoned()
 
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -33,10 +34,10 @@ def _workers(script: str) -> list[psutil.Process]:
     return found
 
 
-def _wait_for(what: str, cond: object, timeout_s: float = 60) -> None:
+def _wait_for(what: str, cond: Callable[[], bool], timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if callable(cond) and cond():
+        if cond():
             return
         time.sleep(0.05)
     raise AssertionError(f"never saw {what}")
@@ -129,7 +130,7 @@ def test_sigterm_during_an_all_reduce_in_a_check_thread_leaves_nothing(tmp_path:
 @pytest.fixture
 def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     """abort() is once per process: give each test its own state."""
-    monkeypatch.setattr(aborting, "_state", {"aborted": False})
+    monkeypatch.setattr(aborting, "_aborted", threading.Event())
     monkeypatch.setattr(aborting, "_pending", {})
 
 
@@ -154,8 +155,7 @@ def test_abort_undoes_newest_first_past_a_failing_undo_and_refuses_new_work(fres
 
 def test_undo_abandoned_runs_what_is_left_and_allows_more(fresh: None) -> None:
     done: list[int] = []
-    with aborting.undo_on_abort(lambda: done.append(1)):
-        pass
+    aborting.unregister(aborting.register(lambda: done.append(1)))
     aborting.register(lambda: done.append(2))
     aborting.undo_abandoned()
     assert done == [2]

@@ -52,7 +52,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -476,21 +476,28 @@ def close_run(ranks: Sequence[RankState], sel: selectors.BaseSelector,
         f.close()
 
 
-def _consume(st: RankState, chunk: bytes, sizes: Sequence[int], now: float,
-             on_progress: Callable[[str], None] | None) -> dict[str, Any] | None:
-    """Apply the JSON lines in ``chunk`` to ``st``; return what rank 0 published for the others
-    (``{"port": N}`` or ``{"uid": HEX}``), if it did."""
+def messages(st: RankState, chunk: bytes, now: float) -> Iterator[dict[str, Any]]:
+    """The complete JSON-object lines of ``st``'s progress pipe, ``chunk`` being what just
+    arrived (a partial last line waits in ``st.buffer``); each one counts as a beat. Shared by
+    the all-reduce and the gpu_speed parents."""
     st.buffer += chunk
-    relay: dict[str, Any] | None = None
     *lines, st.buffer = st.buffer.split(b"\n")
     for raw in lines:
         try:
             msg = json.loads(raw)
         except ValueError:
             continue
-        if not isinstance(msg, dict):
-            continue
-        st.last_beat, st.heard = now, True
+        if isinstance(msg, dict):
+            st.last_beat, st.heard = now, True
+            yield msg
+
+
+def _consume(st: RankState, chunk: bytes, sizes: Sequence[int], now: float,
+             on_progress: Callable[[str], None] | None) -> dict[str, Any] | None:
+    """Apply the JSON lines in ``chunk`` to ``st``; return what rank 0 published for the others
+    (``{"port": N}`` or ``{"uid": HEX}``), if it did."""
+    relay: dict[str, Any] | None = None
+    for msg in messages(st, chunk, now):
         ev = msg.get("ev")
         if ev == "started":
             t_main = msg.get("t_main")

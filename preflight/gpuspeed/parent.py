@@ -18,7 +18,6 @@ cuBLAS handle) each ``min(20, timeout_s / 2)``; each measurement ``min(10, max(2
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import selectors
 import shutil
@@ -42,6 +41,7 @@ from preflight.bench.parent import (
     await_exits,
     close_run,
     launch,
+    messages,
     read_ready,
 )
 from preflight.core import aborting
@@ -185,16 +185,7 @@ def _go(workers: Sequence[WorkerState]) -> None:
 
 
 def _consume(st: WorkerState, chunk: bytes, now: float) -> None:
-    st.buffer += chunk
-    *lines, st.buffer = st.buffer.split(b"\n")
-    for raw in lines:
-        try:
-            msg = json.loads(raw)
-        except ValueError:
-            continue
-        if not isinstance(msg, dict):
-            continue
-        st.last_beat = now
+    for msg in messages(st, chunk, now):
         ev = msg.get("ev")
         if ev == "phase" and msg.get("phase") in PHASES:
             st.phase, st.entered = str(msg["phase"]), now

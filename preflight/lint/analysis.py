@@ -300,7 +300,7 @@ class Module:
         name = key_of(node)
         if name is None or depth > 2:
             return False
-        found = self.values(name, at)
+        found = self.values(name, at) or []
         return bool(found) and all(
             v is not _PARAM and v is not _UNKNOWN and any(
                 self.qualname(n) == "os.environ" for n in ast.walk(v))
@@ -345,17 +345,15 @@ class Module:
         found = self.values(name, node)
         if not found:
             return _kind_by_name(name)
-        kinds: set[str | None] = set()
+        seen: set[str | None] = set()
         for value in found:
             if value is _UNKNOWN:
                 return None
             if value is _PARAM:
-                kinds.add(self._param_kind(name, node, depth))
+                seen.add(self._param_kind(name, node, depth))
             else:
-                kinds.add(self.rank_kind(value, depth + 1))
-        if len(kinds) == 1:
-            return kinds.pop()
-        return None
+                seen.add(self.rank_kind(value, depth + 1))
+        return seen.pop() if len(seen) == 1 else None
 
     def _param_kind(self, name: str, at: ast.AST, depth: int) -> str | None:
         """The kind every call of the enclosing function passes for parameter ``name``."""
@@ -410,7 +408,7 @@ class Module:
         if any(word in self.identifiers for word in _MULTI_NODE_WORDS):
             return True
         for const in self.strings:
-            text = const.value.lower().lstrip("-").replace("-", "_")
+            text = str(const.value).lower().lstrip("-").replace("-", "_")
             if text in _MULTI_NODE_WORDS or text in {v.lower() for v in NODE_VARS}:
                 return True
         return False

@@ -6,10 +6,10 @@ import ast
 from collections.abc import Callable, Iterator
 
 from preflight.lint.analysis import (
-    _PARAM,
-    _UNKNOWN,
     _FACTORIES,
     _GUARD_WORDS,
+    _PARAM,
+    _UNKNOWN,
     GLOBAL,
     LOCAL,
     LOCAL_SIZE,
@@ -58,9 +58,9 @@ def _is_sampler_class(m: Module, node: ast.AST, depth: int = 0) -> bool:
     key = key_of(node)
     if key is None or depth > 3 or key in m.imports:
         return False
-    found = m.values(key, node)
-    return bool(found) and any(v is not _PARAM and v is not _UNKNOWN and
-                               _is_sampler_class(m, v, depth + 1) for v in found)
+    found = m.values(key, node) or []
+    return any(v is not _PARAM and v is not _UNKNOWN and _is_sampler_class(m, v, depth + 1)
+               for v in found)
 
 
 def _shuffle_on(m: Module, sampler: ast.Call, via: ast.Call | None) -> bool:
@@ -236,7 +236,7 @@ def _epochs(m: Module, key: str, scope: ast.AST, depth: int, seen: set[tuple[str
             if isinstance(parent, ast.keyword):
                 param = parent.arg
             elif use in call.args:
-                i = call.args.index(use)
+                i = call.args.index(use)  # type: ignore[arg-type]
                 param = params[i] if i < len(params) else None
             if param is None:
                 continue
@@ -257,7 +257,7 @@ def _returned_to(m: Module, use: ast.AST, scope: ast.AST) -> list[tuple[str, ast
     parent = m.parents.get(use)
     position: int | None = None
     if isinstance(parent, ast.Tuple) and isinstance(m.parents.get(parent), ast.Return):
-        position = parent.elts.index(use)
+        position = parent.elts.index(use)  # type: ignore[arg-type]
         parent = m.parents.get(parent)
     if not isinstance(parent, ast.Return) or not isinstance(
             scope, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -286,7 +286,7 @@ def _param_iterated(m: Module, param: str, func: ast.AST) -> bool:
 
 
 def check_ddp101(m: Module) -> Iterator[Finding]:
-    for site, sampler, shuffle in _sampler_sites(m):
+    for site, _sampler, shuffle in _sampler_sites(m):
         if not shuffle:
             continue
         sampler_key = _target_key(m, site)
@@ -411,11 +411,11 @@ def check_ddp103(m: Module) -> Iterator[Finding]:
         index = _index_in(m, arg)
         if index is None or getattr(site, "lineno", 0) in seen:
             continue
-        if how == ".to()" and not isinstance(arg, ast.JoinedStr | ast.Call | ast.BinOp):
-            # `.to(rank)` moves to GPU `rank` only when the value is an int; a plain `.to(x)`
-            # is usually a device object, so only the forms that build a device are judged.
-            if m.rank_kind(index) != GLOBAL or not _int_like(m, index):
-                continue
+        # `.to(rank)` moves to GPU `rank` only when the value is an int; a plain `.to(x)` is
+        # usually a device object, so only the forms that build a device are judged.
+        if how == ".to()" and not isinstance(arg, ast.JoinedStr | ast.Call | ast.BinOp) and \
+                (m.rank_kind(index) != GLOBAL or not _int_like(m, index)):
+            continue
         if m.rank_kind(index) == GLOBAL:
             seen.add(site.lineno)  # type: ignore[attr-defined]
             yield _at("DDP103", site,
@@ -448,8 +448,7 @@ def _guarded(m: Module, node: ast.AST) -> bool:
             text = _short(test, 400).lower()
             if any(word in text for word in _GUARD_WORDS):
                 return True
-        if isinstance(anc, ast.FunctionDef | ast.AsyncFunctionDef) and \
-                _is_eval_name(anc.name) or isinstance(anc, ast.Try):
+        if isinstance(anc, ast.FunctionDef | ast.AsyncFunctionDef) and _is_eval_name(anc.name):
             return True
     return False
 

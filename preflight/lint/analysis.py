@@ -11,6 +11,7 @@ never makes a rule speak (precision first: a rule says "not sure" only where doc
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -108,6 +109,8 @@ class Module:
         self.compares: list[ast.Compare] = []
         self.strings: list[ast.Constant] = []
         self.identifiers: set[str] = set()
+        self.nodes: list[ast.AST] = []
+        self.returns: list[ast.Return] = []
         self._index()
 
     # -- indexing -------------------------------------------------------------------------
@@ -118,6 +121,7 @@ class Module:
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
                 stack.append(child)
+            self.nodes.append(node)
             self._index_node(node)
 
     def _index_node(self, node: ast.AST) -> None:
@@ -155,6 +159,8 @@ class Module:
             self.calls.append(node)
         elif isinstance(node, ast.Compare):
             self.compares.append(node)
+        elif isinstance(node, ast.Return):
+            self.returns.append(node)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             self.strings.append(node)
         elif isinstance(node, ast.Name):
@@ -374,6 +380,23 @@ class Module:
         return kinds.pop() if len(kinds) == 1 else None
 
     # -- whole-file facts -----------------------------------------------------------------
+    @functools.cached_property
+    def env_subscripts(self) -> list[tuple[ast.Subscript, str]]:
+        """Every ``os.environ[...]`` (or a copy of it) subscript, with the variable."""
+        if "environ" not in self.identifiers:
+            return []
+        out = []
+        for node in self.nodes:
+            if isinstance(node, ast.Subscript):
+                var = self.env_var(node)
+                if var is not None:
+                    out.append((node, var))
+        return out
+
+    @functools.cached_property
+    def distributed(self) -> bool:
+        return self.is_distributed()
+
     def is_distributed(self) -> bool:
         for call in self.calls:
             qual = self.qualname(call.func) or ""
@@ -385,23 +408,24 @@ class Module:
             var = self.env_var(call)
             if var in RANK_LIKE_VARS:
                 return True
-        return any(isinstance(n, ast.Subscript) and self.env_var(n) in RANK_LIKE_VARS
-                   for n in ast.walk(self.tree)) if "environ" in self.identifiers else False
+        return any(var in RANK_LIKE_VARS for _n, var in self.env_subscripts)
 
+    @functools.cache  # noqa: B019 - one Module per file, dropped with it
     def single_node(self) -> bool:
         """The file itself pins one node: MASTER_ADDR set to the loopback, or an init_method /
         rendezvous address on the loopback."""
-        for node in ast.walk(self.tree):
-            if isinstance(node, ast.Assign):
-                for target in node.targets:
-                    if isinstance(target, ast.Subscript) and self.env_var(target) == \
-                            "MASTER_ADDR" and _is_localhost(node.value):
-                        return True
-            if isinstance(node, ast.keyword) and node.arg == "init_method" and \
-                    _is_localhost(node.value):
+        for sub, var in self.env_subscripts:
+            parent = self.parents.get(sub)
+            if var == "MASTER_ADDR" and isinstance(parent, ast.Assign) and \
+                    sub in parent.targets and _is_localhost(parent.value):
                 return True
+        for call in self.calls:
+            for kw in call.keywords:
+                if kw.arg == "init_method" and _is_localhost(kw.value):
+                    return True
         return False
 
+    @functools.cache  # noqa: B019 - one Module per file, dropped with it
     def multi_node(self) -> bool:
         """The file reads a node rank or a node count (or names one), so it is meant to run on
         several nodes."""
@@ -414,8 +438,8 @@ class Module:
         return False
 
     def writes_cuda_visible_devices(self) -> bool:
-        return any(isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store) and
-                   self.env_var(n) == "CUDA_VISIBLE_DEVICES" for n in ast.walk(self.tree))
+        return any(isinstance(n.ctx, ast.Store) and var == "CUDA_VISIBLE_DEVICES"
+                   for n, var in self.env_subscripts)
 
 
 def _kind_of_var(var: str) -> str | None:

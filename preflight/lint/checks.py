@@ -86,18 +86,26 @@ def _shuffle_on(m: Module, sampler: ast.Call, via: ast.Call | None) -> bool:
 def _sampler_builders(m: Module) -> dict[str, ast.Call]:
     """The file's functions that return a DistributedSampler: name -> the sampler call."""
     out: dict[str, ast.Call] = {}
-    for name, defs in m.functions.items():
-        if len(defs) != 1:
-            continue
-        for ret in ast.walk(defs[0]):
-            if isinstance(ret, ast.Return) and isinstance(ret.value, ast.Call) and \
-                    _is_sampler_class(m, ret.value.func) and m.scope_of(ret) is defs[0]:
-                out[name] = ret.value
+    for ret in m.returns:
+        scope = m.scope_of(ret)
+        if isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef) and \
+                len(m.functions.get(scope.name, ())) == 1 and \
+                isinstance(ret.value, ast.Call) and _is_sampler_class(m, ret.value.func):
+            out[scope.name] = ret.value
     return out
 
 
-def _sampler_sites(m: Module) -> Iterator[tuple[ast.Call, ast.Call, bool]]:
+def _sampler_sites(m: Module) -> list[tuple[ast.Call, ast.Call, bool]]:
+    cached = m.__dict__.get("_sampler_sites")
+    if cached is None:
+        cached = m.__dict__["_sampler_sites"] = list(_find_sampler_sites(m))
+    return cached  # type: ignore[no-any-return]
+
+
+def _find_sampler_sites(m: Module) -> Iterator[tuple[ast.Call, ast.Call, bool]]:
     """(where it is created, the DistributedSampler call itself, shuffle on)."""
+    if "DistributedSampler".lower() not in m.identifiers:
+        return
     builders = _sampler_builders(m)
     for call in m.calls:
         if _is_sampler_class(m, call.func):
@@ -321,7 +329,7 @@ def check_ddp101(m: Module) -> Iterator[Finding]:
 # -- DDP102 -------------------------------------------------------------------------------
 
 def check_ddp102(m: Module) -> Iterator[Finding]:
-    if m.single_node():
+    if "distributedsampler" not in m.identifiers or m.single_node():
         return
     severity = Severity.ERROR if m.multi_node() else Severity.WARNING
     for call in m.calls:
@@ -454,7 +462,7 @@ def _guarded(m: Module, node: ast.AST) -> bool:
 
 
 def check_ddp104(m: Module) -> Iterator[Finding]:
-    if not m.is_distributed() or m.writes_cuda_visible_devices():
+    if not m.distributed or m.writes_cuda_visible_devices():
         return
     seen: set[int] = set()
     for site, arg, how in _device_args(m):

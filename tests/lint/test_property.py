@@ -113,9 +113,9 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_big_non_utf8_and_symlink_loops_through_the_cli(tmp_path: Path) -> None:
-    (tmp_path / "big.py").write_bytes(b"x = 1\n" * (10 * 1024 * 1024 // 6 + 1))
-    (tmp_path / "latin1.py").write_bytes(b"name = '\xe9t\xe9'\n")
-    (tmp_path / "nul.py").write_bytes(b"x = 1\x00\n")
+    (tmp_path / "big.py").write_bytes(b"device = 1\n" * (10 * 1024 * 1024 // 11 + 1))
+    (tmp_path / "latin1.py").write_bytes(b"device = '\xe9t\xe9'\n")
+    (tmp_path / "nul.py").write_bytes(b"device = 1\x00\n")
     loop = tmp_path / "loop"
     loop.mkdir()
     (loop / "self").symlink_to(loop)

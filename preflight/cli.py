@@ -36,6 +36,7 @@ SUBCOMMAND_MODULES = (
     "preflight.commands.explain",
     "preflight.commands.prolog",
     "preflight.commands.cluster",
+    "preflight.commands.lint",
 )
 
 EPILOG = """\
@@ -193,7 +194,8 @@ def _prolog_usage_fail_open(argv: Sequence[str], exc: SystemExit) -> int:
     ``--fail-closed`` is among the arguments. Other commands keep argparse's exit (2; 0 for
     --help)."""
     code = exc.code if isinstance(exc.code, int) else 2
-    commands = {"check", "bench", "fingerprint", "diff", "serve", "explain", "prolog"}
+    commands = {"check", "bench", "fingerprint", "diff", "serve", "explain", "prolog",
+                "lint"}
     command = next((a for a in argv if a in commands), None)
     if code == 0 or command != "prolog":
         raise exc

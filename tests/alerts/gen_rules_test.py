@@ -177,7 +177,7 @@ def firing(eval_min: int, count: int) -> dict[str, Any]:
             "eval_time": f"{eval_min}m", "exp_samples": [{"labels": "{}", "value": count}]}
 
 
-def annotations(name: str, summary: str, description: str) -> dict[str, str]:
+def annotations_of(name: str, summary: str, description: str) -> dict[str, str]:
     return {"summary": summary, "description": description,
             "runbook_url": f"{RUNBOOK_BASE}{name}.md"}
 
@@ -209,18 +209,21 @@ def quiet_fleet() -> Scenario:
 
 
 def xid_79() -> Scenario:
-    """GPU 3 of one node falls off the bus; 30 minutes later the xid check passes again (an
-    acknowledged Xid, a reset GPU): the counter stays, the alert clears 15 minutes later."""
+    """GPU 3 of one node falls off the bus (NVML loses it too); 30 minutes later the xid check
+    passes again (an acknowledged Xid, a reset GPU): the counter stays, the alert clears 15
+    minutes later."""
     i = 17
     fleet = healthy_fleet(61)
     fleet.verdict(i, "xid", "fail", "XidNodeFault", until_step=30)
+    fleet.verdict(i, "gpu_visible", "fail", "GpuLost", until_step=30)
+    fleet.set("preflight_gpu_visible", target(i), [7.0 if s < 30 else 8.0 for s in range(61)])
     fleet.set("preflight_xid_errors_total", node_labels(i, gpu="3", xid="79"), fleet.const(1))
     fleet.set("preflight_xid_errors_total", node_labels(i + 1, gpu="0", xid="31"),
               fleet.const(4))  # a job's own Xid on another node: never an alert
     expected = {
         "exp_labels": node_labels(i, gpu="3", xid="79", check="xid", reason="XidNodeFault",
                                   severity="warning"),
-        "exp_annotations": annotations(
+        "exp_annotations": annotations_of(
             "PreflightGpuXidFault", f"GPU 3 on {node_name(i)} logged Xid 79",
             f"GPU 3 on {node_name(i)} has logged Xid 79 1 time(s) since boot and preflight's xid "
             "check fails on it: a GPU fault (ECC, row remapping, NVLink, fallen off the bus, "
@@ -232,10 +235,10 @@ def xid_79() -> Scenario:
         "one Xid 79 on one node: exactly one alert, for that node; it clears after the check "
         "passes again", fleet,
         [alert("PreflightGpuXidFault", 2, expected),
-         alert("PreflightCheckFailing", 10),
+         alert("PreflightCheckFailing", 12), alert("PreflightGpuMissing", 12),
          alert("PreflightGpuXidFault", 43, expected),
          alert("PreflightGpuXidFault", 45)],
-        [firing(0, 0), firing(2, 1), firing(10, 1), firing(43, 1), firing(45, 0)])
+        [firing(0, 0), firing(2, 1), firing(12, 1), firing(43, 1), firing(45, 0)])
 
 
 def lost_gpu() -> Scenario:
@@ -245,7 +248,7 @@ def lost_gpu() -> Scenario:
     fleet.set("preflight_gpu_visible", target(i), fleet.const(7))
     expected = {
         "exp_labels": node_labels(i, check="gpu_visible", reason="GpuLost", severity="warning"),
-        "exp_annotations": annotations(
+        "exp_annotations": annotations_of(
             "PreflightGpuMissing",
             f"GPU node {node_name(i)} has only 7 working GPUs (GpuLost)",
             f"7 GPUs answer NVML on {node_name(i)}, fewer than its expect_gpus, for 10 minutes "
@@ -269,7 +272,7 @@ def error_only() -> Scenario:
         fleet.verdict(i, check, "error", "RunFailed", scope="undecided")
     expected = {
         "exp_labels": node_labels(i, severity="warning"),
-        "exp_annotations": annotations(
+        "exp_annotations": annotations_of(
             "PreflightNodeUndecided", f"preflight cannot decide on {node_name(i)}",
             f"A check on {node_name(i)} has ended in ERROR for 15 minutes (crashed, passed its "
             "deadline, or the check process failed): something on the node does not answer (a "
@@ -295,7 +298,7 @@ def fleet_undecided() -> Scenario:
             fleet.verdict(i, check, "error", "RunFailed", scope="undecided")
     expected = {
         "exp_labels": {"status": "error", "reason": "RunFailed", "severity": "warning"},
-        "exp_annotations": annotations(
+        "exp_annotations": annotations_of(
             "PreflightFleetUndecided", f"preflight cannot decide on {FLEET} GPU nodes (RunFailed)",
             f"A check ends in ERROR RunFailed on {FLEET} of {FLEET} reporting GPU nodes for 15 "
             "minutes: preflight's own trouble (a regression, a config or image change, a "
@@ -320,7 +323,7 @@ def fleet_reason(reason: str = "ShmTooSmall") -> Scenario:
     n = len(bad_nodes)
     expected = {
         "exp_labels": {"status": "fail", "reason": reason, "severity": "critical"},
-        "exp_annotations": annotations(
+        "exp_annotations": annotations_of(
             "PreflightFleetFailing", f"{reason} fails on {n} GPU nodes at once",
             f"{n} of {FLEET} reporting GPU nodes fail with {reason} (a node fault) for 10 "
             "minutes: one cause across the fleet (a driver or firmware rollout, a bad image, a "
@@ -371,7 +374,7 @@ def stalled_upgrade() -> Scenario:
     expected = {
         "exp_labels": {"pool": "h100", "source": "node", "package": "driver",
                        "severity": "warning"},
-        "exp_annotations": annotations(
+        "exp_annotations": annotations_of(
             "PreflightLibraryVersionSkew",
             "Nodes of pool h100 disagree on driver (node)",
             '2 versions of driver (source node) run in pool "h100", and no node has changed '
@@ -393,7 +396,7 @@ def one_node(name: str, i: int, steps: int, change: Callable[[Fleet], None], ale
     fleet = healthy_fleet(steps, nodes=SMALL_FLEET, rich=True)
     change(fleet)
     expected = {"exp_labels": {**labels, "severity": "warning"},
-                "exp_annotations": annotations(alertname, summary, description)}
+                "exp_annotations": annotations_of(alertname, summary, description)}
     return Scenario(name, fleet,
                     [alert(alertname, eval_before), alert(alertname, eval_after, expected)],
                     [firing(eval_before, 0), firing(eval_after, 1)])
@@ -535,8 +538,9 @@ def link_efficiency() -> Scenario:
     fleet.set("preflight_allreduce_link_efficiency_ratio", target(21), fleet.const(0.6))
     expected = {
         "exp_labels": {**target(20), "severity": "warning"},
-        "exp_annotations": annotations(
-            "PreflightLinkEfficiencyDropped", f"All-reduce link efficiency dropped on {node_name(20)}",
+        "exp_annotations": annotations_of(
+            "PreflightLinkEfficiencyDropped",
+            f"All-reduce link efficiency dropped on {node_name(20)}",
             f"busbw / theoretical link bandwidth on {node_name(20)} is 0.65, more than 15 % "
             "below its best of the last 7 days, in two bandwidth runs in a row: an NVLink down, "
             "a PCIe link trained below its maximum, or a throttled GPU."),

@@ -3,9 +3,10 @@
 * :func:`fast_rules`: the shipped rule file with every ``for:`` cut to seconds and every group
   evaluated each second, so that what takes minutes in production shows within a test. Nothing
   else changes: the expressions, windows, labels and annotations are the shipped ones.
-* :func:`prometheus_config`: the shipped Kubernetes scrape job (deploy/prometheus/scrape-config.yaml)
-  with its service discovery replaced by static targets that carry the same ``__meta_*`` labels
-  the pod discovery sets, so the shipped relabeling (keep, node, pool) runs for real.
+* :func:`prometheus_config`: the shipped Kubernetes scrape job
+  (deploy/prometheus/scrape-config.yaml) with its service discovery replaced by static targets
+  that carry the same ``__meta_*`` labels the pod discovery sets, so the shipped relabeling
+  (keep, node, pool) runs for real.
 * :class:`Replay`: a recorded report (one with GPU measurements, from the H200) served through the
   real exporter (:func:`preflight.outputs.prom.render`), for the figures no CPU machine measures.
 """
@@ -17,7 +18,6 @@ import http.server
 import json
 import os
 import re
-import resource
 import signal
 import socket
 import subprocess
@@ -159,9 +159,8 @@ class Prometheus:
 
 class Daemon:
     """``python -m preflight serve`` on a free loopback port, every 5 s, on a replayed NVML
-    snapshot (``PREFLIGHT_NVML_FIXTURE``). Its locked-memory limit is raised where the test may
-    (root): with RDMA ports present the memlock check judges this process's own limit, which is
-    the test machine's, not the node's under test."""
+    snapshot (``PREFLIGHT_NVML_FIXTURE``), optionally with a host tree under ``--root`` (a
+    kernel log, RDMA ports)."""
 
     def __init__(self, name: str, workdir: Path, fixture: Path, *, root: Path | None = None
                  ) -> None:
@@ -178,8 +177,7 @@ class Daemon:
             args += ["--root", str(root)]
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         cwd=workdir, stdin=subprocess.DEVNULL,
-                                         preexec_fn=_unlimited_memlock)
+                                         cwd=workdir, stdin=subprocess.DEVNULL)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
@@ -204,14 +202,6 @@ class Daemon:
                 self.proc.wait(5)
 
 
-def _unlimited_memlock() -> None:
-    try:
-        resource.setrlimit(resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY,
-                                                     resource.RLIM_INFINITY))
-    except (ValueError, OSError):
-        pass  # not root: the memlock check judges the real limit
-
-
 class Replay:
     """A recorded Report served as ``/metrics`` by the real exporter, its timestamp kept fresh
     (it is a replay of a healthy run, not a stale one)."""
@@ -221,7 +211,7 @@ class Replay:
         replay = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 body = render(MetricsSnapshot(replace(replay.report, timestamp_s=time.time())))
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -229,7 +219,7 @@ class Replay:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: object) -> None:
                 pass
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)

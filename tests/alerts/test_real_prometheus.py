@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from preflight.probes.gpu import GpuSnapshot
 from tests import topologies
 from tests.alerts.realprom import (
     Daemon,
@@ -59,7 +60,7 @@ EXPECTED = {
 }
 
 
-def snapshot_file(path: Path, snap: topologies.GpuSnapshot) -> Path:
+def snapshot_file(path: Path, snap: GpuSnapshot) -> Path:
     # A job (pid 1) on GPU 0: the daemon defers its bandwidth test, no NCCL on this CPU machine.
     gpus = (dataclasses.replace(snap.gpus[0], compute_pids=(1,)), *snap.gpus[1:])
     path.write_text(json.dumps(dataclasses.replace(snap, gpus=gpus).to_json()))
@@ -168,8 +169,8 @@ def test_every_dashboard_query_answers_with_data(fleet: Fleet) -> None:
     # the regex alternation of every value (no allValue).
     selector = re.fullmatch(r"label_values\((.+), node\)", variables["node"]["query"]["query"])
     assert selector is not None
-    nodes = prom.api("label/node/values", **{"match[]": selector.group(1).replace(
-        "$job", "preflight")})
+    match = {"match[]": str(selector.group(1)).replace("$job", "preflight")}
+    nodes = prom.api("label/node/values", **match)
     assert sorted(nodes) == sorted(EXPECTED)
     assert "allValue" not in variables["node"] and "allValue" not in variables["job"]
     empty = []

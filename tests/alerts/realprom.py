@@ -26,7 +26,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ import yaml
 from preflight.core.result import Report
 from preflight.outputs.prom import MetricsSnapshot, render
 from tests.helpers import REPO
+from tests.serve.conftest import wait_for
 
 RULES = REPO / "deploy" / "prometheus" / "preflight-rules.yaml"
 SCRAPE = REPO / "deploy" / "prometheus" / "scrape-config.yaml"
@@ -90,14 +91,15 @@ def free_port() -> int:
         return port
 
 
-def wait_until(predicate: Callable[[], bool], *, timeout_s: float, what: str,
-               every_s: float = 0.25) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+def terminate(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 10 s; reaped either way."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
 
 
 class Prometheus:
@@ -115,7 +117,7 @@ class Prometheus:
                 [binary, f"--config.file={cfg}", f"--storage.tsdb.path={workdir / 'tsdb'}",
                  f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        wait_until(self._ready, timeout_s=30, what=f"Prometheus ready:\n{self.log()}")
+        wait_for(self._ready, timeout_s=30, what=f"Prometheus ready:\n{self.log()}")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
@@ -129,10 +131,11 @@ class Prometheus:
         except OSError:
             return False
 
-    def api(self, path: str, *, post: bool = False, **params: str) -> Any:
+    def api(self, path: str, params: Mapping[str, str] | None = None, *, post: bool = False
+            ) -> Any:
         """GET (or POST, for long queries) ``/api/v1/<path>``; the ``data`` of a success."""
         url = f"{self.url}/api/v1/{path}"
-        query = urllib.parse.urlencode(params)
+        query = urllib.parse.urlencode(params or {})
         data = query.encode() if post else None
         if query and not post:
             url += f"?{query}"
@@ -142,19 +145,13 @@ class Prometheus:
         return body["data"]
 
     def query(self, expr: str) -> list[dict[str, Any]]:
-        data = self.api("query", post=True, query=expr)
+        data = self.api("query", {"query": expr}, post=True)
         result: list[dict[str, Any]] = data["result"] if data["resultType"] == "vector" else [
             {"metric": {}, "value": data["result"]}]
         return result
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate(self.proc)
 
 
 class Daemon:
@@ -193,13 +190,7 @@ class Daemon:
         return bool(re.search(r"^preflight_runs_total [1-9]", text, re.M))
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate(self.proc)
 
 
 class Replay:

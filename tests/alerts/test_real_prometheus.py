@@ -33,11 +33,11 @@ from tests.alerts.realprom import (
     fast_rules,
     firing,
     prometheus_config,
-    wait_until,
 )
 from tests.checks.sysfs_ib import add_port
 from tests.checks.test_xid import FELL_OFF_GPU3, kmsg_root
 from tests.helpers import REPO
+from tests.serve.conftest import wait_for
 
 PROMETHEUS = shutil.which("prometheus")
 DASHBOARD = REPO / "deploy" / "grafana" / "preflight-dashboard.json"
@@ -100,11 +100,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         targets = [Target(d.address, d.name, "h100") for d in started]
         targets.append(Target(replay.address, "gpu-h200", "h200"))
         for d in started:
-            wait_until(d.ran, timeout_s=40, what=f"a finished run of {d.name}:\n{d.log()}")
+            wait_for(d.ran, timeout_s=40, what=f"a finished run of {d.name}:\n{d.log()}")
         prom = Prometheus(PROMETHEUS, prometheus_config(targets, fast_rules(work / "rules.yaml")),
                           work / "prometheus")
         # Two runs of each daemon scraped: counters have moved (the error counts' panel).
-        wait_until(lambda: len(prom.query("increase(preflight_runs_total[1m]) > 0")) == len(
+        wait_for(lambda: len(prom.query("increase(preflight_runs_total[1m]) > 0")) == len(
             started), timeout_s=40, what=f"two scraped runs of every daemon\n{prom.log()}")
         yield Fleet(prom, started)
     finally:
@@ -132,7 +132,7 @@ def test_alerts_api_shows_one_alert_per_cause_each_naming_its_node(fleet: Fleet)
         seen.append(by_node(firing(prom)))
         return seen[-1] == EXPECTED
 
-    wait_until(as_promised, timeout_s=45, every_s=1.0,
+    wait_for(as_promised, timeout_s=45, every_s=1.0,
                what=f"the promised alerts; last seen {seen[-1:]}\n{prom.log()}")
     alerts = firing(prom)
     assert not [a for a in alerts if a["severity"] == "critical"]
@@ -162,7 +162,7 @@ def dashboard_queries() -> list[tuple[str, str]]:
 
 def test_every_dashboard_query_answers_with_data(fleet: Fleet) -> None:
     prom = fleet.prometheus
-    wait_until(lambda: by_node(firing(prom)) == EXPECTED, timeout_s=45, every_s=1.0,
+    wait_for(lambda: by_node(firing(prom)) == EXPECTED, timeout_s=45, every_s=1.0,
                what="the alerts (the dashboard reads the same series)")
     variables = {v["name"]: v for v in json.loads(DASHBOARD.read_text())["templating"]["list"]}
     # The node variable as Grafana resolves it: label_values(<selector>, node), then "All" as
@@ -170,7 +170,7 @@ def test_every_dashboard_query_answers_with_data(fleet: Fleet) -> None:
     selector = re.fullmatch(r"label_values\((.+), node\)", variables["node"]["query"]["query"])
     assert selector is not None
     match = {"match[]": str(selector.group(1)).replace("$job", "preflight")}
-    nodes = prom.api("label/node/values", **match)
+    nodes = prom.api("label/node/values", match)
     assert sorted(nodes) == sorted(EXPECTED)
     assert "allValue" not in variables["node"] and "allValue" not in variables["job"]
     empty = []

@@ -4,10 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# System tools the tests use for real: promtool (Prometheus rules and metrics), iproute2 (network
-# namespaces), util-linux (unshare), systemd (systemd-analyze for the unit file), procps (pgrep).
+# System tools the tests use for real: promtool and prometheus (Prometheus rules and metrics, a real
+# server in tests/alerts), iproute2 (network namespaces), util-linux (unshare), systemd
+# (systemd-analyze for the unit file), procps (pgrep).
 need=()
 command -v promtool >/dev/null || need+=(prometheus)
+# amtool checks the Alertmanager example (deploy/alertmanager/); the service is not started.
+command -v amtool >/dev/null || need+=(prometheus-alertmanager)
 command -v ip >/dev/null || need+=(iproute2)
 command -v unshare >/dev/null || need+=(util-linux)
 command -v systemd-analyze >/dev/null || need+=(systemd)

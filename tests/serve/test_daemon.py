@@ -141,7 +141,7 @@ def test_a_check_that_raises_is_an_error_and_counted(tmp_path: Path) -> None:
         assert m['preflight_check_status{check="beta",status="error"}'] == 1
         assert m['preflight_check_status{check="alpha",status="pass"}'] == 1
         assert m['preflight_check_result_info{check="beta",reason="CheckCrashed",'
-                 'status="error"}'] == 1
+                 'scope="undecided",status="error"}'] == 1
         assert m['preflight_check_errors_total{check="beta"}'] >= 2
         assert m['preflight_check_errors_total{check="alpha"}'] == 0
         beta = Report.from_json(get(url(d, "/report")).json_body()).result("beta")

@@ -20,9 +20,10 @@ from typing import Any
 from preflight import __version__
 from preflight.core import aborting
 from preflight.core.config import Config, ConfigError, load
-from preflight.core.context import Context, make_context
+from preflight.core.context import Context
 from preflight.core.result import ExitCode, Report, exit_code
 from preflight.core.textsafe import escape
+from preflight.probes.node import make_context
 
 log = logging.getLogger("preflight")
 

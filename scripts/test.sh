@@ -41,4 +41,6 @@ PY=${PYTHON:-python3}
 
 .venv/bin/ruff check preflight tests benchmarks scripts
 .venv/bin/mypy
+# The layers and independence contracts in pyproject.toml (docs/architecture.md).
+.venv/bin/lint-imports --no-cache
 .venv/bin/python -m pytest -q "$@"

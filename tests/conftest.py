@@ -9,7 +9,7 @@ import pytest
 from preflight.core.config import Config
 from preflight.core.context import Context
 from preflight.probes.gpu import FixtureGpuProbe, GpuSnapshot
-from preflight.probes.net import NetProbe
+from preflight.probes.net import LiveNetProbe, NetProbe
 from tests import topologies
 
 # Fixtures of the real-venv helpers, for the versions tests in checks/, commands/ and probes/.
@@ -31,7 +31,7 @@ def make_ctx(tmp_path: Path) -> MakeCtx:
             cfg = cfg.replace(**config_changes)
         return Context(config=cfg, env=dict(env or {}), root=Path(root),
                        gpu_probe=FixtureGpuProbe(snapshot or topologies.healthy_8x_h100()),
-                       net_probe=net)
+                       net_probe=net or LiveNetProbe())
 
     return make
 

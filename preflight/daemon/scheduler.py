@@ -240,7 +240,7 @@ class Daemon:
                 if self._gpus is not None:
                     snap = self._gpus()
                 else:
-                    from preflight.core.context import make_context
+                    from preflight.probes.node import make_context
 
                     snap = make_context(self.config, env=self._env, root=self.root).gpus()
                 answer.append(_busy_gpus(snap))

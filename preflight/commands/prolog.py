@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 from preflight.checks import CHECKS, GPU_LOAD_CHECKS
+from preflight.checks.site import site_checks
 from preflight.cli import Formatter, add_config_options, build_context
 from preflight.core.config import ConfigError
 from preflight.core.procgroup import GroupTimeout, run_in_group
@@ -138,7 +139,8 @@ def _judge(args: argparse.Namespace, node: str, scontrol: str) -> int:
         skip = [s for s in args.skip.split(",") if s]
         if not args.bandwidth:
             skip += GPU_LOAD_CHECKS
-        checks = select(CHECKS, skip=skip)
+        every = (*CHECKS, *site_checks(ctx.config, [c.name for c in CHECKS]))
+        checks = select(every, skip=skip)
     except (ConfigError, SelectionError) as exc:
         _say(f"configuration error: {exc}")
         if args.fail_closed:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from preflight.checks import CHECKS, GPU_LOAD_CHECKS
 from preflight.checks.site import site_checks
-from preflight.cli import Formatter, add_config_options, build_context
+from preflight.cli import Formatter, add_config_options, build_context, help_text
 from preflight.core.config import ConfigError
 from preflight.core.procgroup import GroupTimeout, run_in_group
 from preflight.core.result import Report, Scope, Status
@@ -58,7 +58,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser(
         "prolog", formatter_class=Formatter,
         help="run the node checks as a Slurm prolog: drain this node with the reason on FAIL",
-        description=__doc__, epilog="exit codes: 0 go (PASS, WARN, or undecided without "
+        description=help_text(__doc__), epilog="exit codes: 0 go (PASS, WARN, or undecided without "
         "--fail-closed), 1 this node is bad (drained)")
     p.add_argument("--expect-gpus", type=int, metavar="N",
                    help="GPUs this node must show (default: from SLURM_JOB_GPUS, else >= 1)")

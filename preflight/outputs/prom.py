@@ -1,9 +1,9 @@
 """Prometheus metrics from a Report: the daemon's ``/metrics`` and ``check --prom-file``.
 
 A :class:`ReportCollector` yields metric families from a snapshot it is handed (the daemon's cached
-Report); it never runs a check, so a scrape costs microseconds and cannot hang (STYLE habit 11).
+Report); it never runs a check, so a scrape costs microseconds and cannot hang.
 Names follow Prometheus conventions (base units, ``_seconds``, ``_bytes``, ``_total``, ``_info``)
-and carry no node or cluster label: Prometheus adds target labels (ARCHITECTURE.md, Metrics).
+and carry no node or cluster label: Prometheus adds target labels (docs/daemon.md, Metrics).
 
 Every series that can be known in advance exists from the first scrape: one-hot status series of
 every known check are all 0 and ``preflight_last_run_timestamp_seconds`` is 0 until a run finished;

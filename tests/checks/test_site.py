@@ -231,3 +231,14 @@ def test_prolog_drains_for_a_node_fail_but_never_for_a_broken_script(
                    fixture=fixture, env={"SLURMD_NODENAME": "gpu017"})
     assert proc.returncode == 1
     assert "reason=preflight: bios BiosSetting" in calls.read_text()
+
+
+def test_the_daemon_has_site_check_series_from_the_first_scrape(tmp_path: Path) -> None:
+    from preflight.daemon import Daemon
+    from preflight.outputs.prom import render
+
+    cfg = Config().replace(site_checks=(SiteCheck("lustre", str(tmp_path / "x")),))
+    d = Daemon(cfg, known_checks=("shm",), bandwidth=False)
+    assert d.checks() == ("shm", "lustre")
+    text = render(d.snapshot()).decode()
+    assert 'preflight_check_status{check="lustre",status="pass"} 0.0' in text

@@ -316,7 +316,11 @@ class Module:
         scope = self.scope_of(at)
         if key.startswith("self."):
             cls = self.class_of(scope)
-            found = self.class_assigns.get(cls, {}).get(key) if cls is not None else None
+            if cls is None:
+                return None
+            found = self.class_assigns.get(cls, {}).get(key)
+            if found is None and key.count(".") == 1:
+                found = self._property_returns(cls, key[len("self."):])
             return found
         cur: ast.AST | None = scope
         while cur is not None:
@@ -328,6 +332,32 @@ class Module:
             collected = [v for table in self.assigns.values() for v in table.get(key, [])]
             return collected or None
         return None
+
+    def _property_returns(self, cls: ast.ClassDef, name: str) -> list[ast.AST] | None:
+        """What ``self.name`` gives when ``name`` is a ``@property`` of the class: the values
+        its body returns (read in the property's own scope)."""
+        for item in cls.body:
+            if isinstance(item, ast.FunctionDef) and item.name == name and any(
+                    (isinstance(d, ast.Name) and d.id == "property") or
+                    (isinstance(d, ast.Attribute) and d.attr == "cached_property")
+                    for d in item.decorator_list):
+                returns: list[ast.AST] = [r.value for r in self.returns
+                                          if r.value is not None and self.scope_of(r) is item]
+                return returns or None
+        return None
+
+    def constructor(self, call: ast.Call) -> ast.FunctionDef | None:
+        """``__init__`` of the file's own class that ``call`` instantiates (``Trainer(...)``)."""
+        func = call.func
+        if not isinstance(func, ast.Name) or func.id in self.imports:
+            return None
+        classes = [n for n in self.by_type.get(ast.ClassDef, ())
+                   if n.name == func.id]  # type: ignore[attr-defined]
+        if len(classes) != 1:
+            return None
+        inits = [n for n in classes[0].body  # type: ignore[attr-defined]
+                 if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
+        return inits[0] if len(inits) == 1 else None
 
     def called_in_loop(self, func: ast.AST) -> bool:
         """Whether the file calls ``func`` (by its name, or as ``self.name``) inside a loop."""
@@ -486,16 +516,22 @@ class Module:
         return any(var in RANK_LIKE_VARS for _n, var in self.env_subscripts)
 
     def single_node(self) -> bool:
-        """The file itself pins one node: MASTER_ADDR set to the loopback, or an init_method /
-        rendezvous address on the loopback."""
+        """The file itself pins one node: MASTER_ADDR set to the loopback, an init_method /
+        rendezvous address on the loopback, or CUDA_VISIBLE_DEVICES set to a fixed list."""
         return self._single_node
 
     @functools.cached_property
     def _single_node(self) -> bool:
         for sub, var in self.env_subscripts:
             parent = self.parents.get(sub)
-            if var == "MASTER_ADDR" and isinstance(parent, ast.Assign) and \
-                    sub in parent.targets and _is_localhost(parent.value):
+            if not (isinstance(parent, ast.Assign) and sub in parent.targets):
+                continue
+            if var == "MASTER_ADDR" and _is_localhost(parent.value):
+                return True
+            # `os.environ["CUDA_VISIBLE_DEVICES"] = "0,1"`: the script picks GPUs of the one
+            # machine it was written for (a value from an option or elsewhere does not count).
+            if var == "CUDA_VISIBLE_DEVICES" and isinstance(parent.value, ast.Constant) and \
+                    isinstance(parent.value.value, str):
                 return True
         for call in self.calls:
             for kw in call.keywords:

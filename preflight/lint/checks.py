@@ -230,16 +230,25 @@ def _epochs(m: Module, key: str, scope: ast.AST, depth: int, seen: set[tuple[str
                     return inner_sure, None
                 unsure = unsure or inner_unsure
             continue
+        alias = _alias_target(m, use)
+        if alias is not None:  # `self.train_loader = train_loader`, `loader = train_loader`
+            inner_sure, inner_unsure = _epochs(m, alias, use_scope, depth + 1, seen)
+            if inner_sure is not None:
+                return inner_sure, None
+            unsure = unsure or inner_unsure
+            continue
         call = parent if isinstance(parent, ast.Call) and use in parent.args else None
         if call is None and isinstance(parent, ast.keyword):
             grand = m.parents.get(parent)
             call = grand if isinstance(grand, ast.Call) else None
         if call is None:
             continue
-        func = m.local_function(call)
+        init = m.constructor(call)
+        func = init or m.local_function(call)
         if func is not None:
             params = [a.arg for a in [*func.args.posonlyargs, *func.args.args]]
-            if params and params[0] in ("self", "cls") and isinstance(call.func, ast.Attribute):
+            if params and params[0] in ("self", "cls") and (
+                    init is not None or isinstance(call.func, ast.Attribute)):
                 params = params[1:]
             param = None
             if isinstance(parent, ast.keyword):
@@ -258,6 +267,17 @@ def _epochs(m: Module, key: str, scope: ast.AST, depth: int, seen: set[tuple[str
         elif loops and not _tail(m, call.func).endswith(("Loader", "Sampler", "DDP")):
             unsure = unsure or use
     return None, unsure
+
+
+def _alias_target(m: Module, use: ast.AST) -> str | None:
+    """The key a plain assignment ``key = use`` copies the value to (one target, the value
+    itself, not part of an expression)."""
+    parent = m.parents.get(use)
+    if isinstance(parent, ast.Assign) and parent.value is use and len(parent.targets) == 1:
+        return key_of(parent.targets[0])
+    if isinstance(parent, ast.AnnAssign) and parent.value is use:
+        return key_of(parent.target)
+    return None
 
 
 def _returned_to(m: Module, use: ast.AST, scope: ast.AST) -> list[tuple[str, ast.AST]]:

@@ -131,6 +131,8 @@ class Module:
         self.class_assigns: dict[ast.ClassDef, dict[str, list[ast.AST]]] = {}
         self._scopes: dict[ast.AST, Scope] = {}
         self._quals: dict[ast.AST, str | None] = {}
+        self._values: dict[tuple[str, ast.AST], list[ast.AST] | None] = {}
+        self._environ_copies: dict[tuple[str, ast.AST], bool] = {}
         self.by_type: dict[type, list[ast.AST]] = {}
         self._index()
         self.calls: list[ast.Call] = self.by_type.get(ast.Call, [])  # type: ignore[assignment]
@@ -312,8 +314,15 @@ class Module:
 
     def values(self, key: str, at: ast.AST) -> list[ast.AST] | None:
         """What ``key`` was assigned where ``at`` reads it; None when nothing in the file
-        assigns it (an import, a builtin, a name from elsewhere)."""
+        assigns it (an import, a builtin, a name from elsewhere). Remembered per scope."""
         scope = self.scope_of(at)
+        memo = (key, scope)
+        if memo in self._values:
+            return self._values[memo]
+        found = self._values[memo] = self._values_in(key, scope)
+        return found
+
+    def _values_in(self, key: str, scope: Scope) -> list[ast.AST] | None:
         if key.startswith("self."):
             cls = self.class_of(scope)
             if cls is None:
@@ -408,17 +417,22 @@ class Module:
             return None
         return key.value
 
-    def _is_environ(self, node: ast.AST, at: ast.AST, depth: int = 0) -> bool:
+    def _is_environ(self, node: ast.AST, at: ast.AST) -> bool:
+        """``os.environ`` itself, or a name every assignment of which involves it (a copy)."""
         if self.qualname(node) == "os.environ":
             return True
         name = key_of(node)
-        if name is None or depth > 2:
+        if name is None:
             return False
-        found = self.values(name, at) or []
-        return bool(found) and all(
-            v is not _PARAM and v is not _UNKNOWN and any(
-                self.qualname(n) == "os.environ" for n in ast.walk(v))
-            for v in found)
+        memo = (name, self.scope_of(at))
+        known = self._environ_copies.get(memo)
+        if known is None:
+            found = self.values(name, at) or []
+            known = self._environ_copies[memo] = bool(found) and all(
+                v is not _PARAM and v is not _UNKNOWN and any(
+                    self.qualname(n) == "os.environ" for n in ast.walk(v))
+                for v in found)
+        return known
 
     def rank_kind(self, node: ast.AST, depth: int = 0) -> str | None:
         """``global`` (RANK, dist.get_rank()), ``local`` (LOCAL_RANK) or ``local_size`` (GPUs

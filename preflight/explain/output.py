@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from preflight.explain.classifier import Explanation
+from preflight.explain.model import Explanation
 from preflight.explain.ranks import compress
 
 

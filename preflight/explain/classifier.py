@@ -26,7 +26,16 @@ from preflight.explain.matching import (
 from preflight.explain.model import Detail, Diagnosis, Evidence, Explanation, RankSummary
 from preflight.explain.progress import ProgressTracker, stalled_and_silent
 from preflight.explain.ranks import line_rank, plural
-from preflight.explain.rules import ANCHORS, BY_REASON, ORIGIN, SYMPTOM, Layer, Pattern, Rule
+from preflight.explain.rules import (
+    ANCHORS,
+    BY_REASON,
+    KILLED,
+    ORIGIN,
+    SYMPTOM,
+    Layer,
+    Pattern,
+    Rule,
+)
 
 MAX_EVIDENCE = 5
 MAX_EVIDENCE_CHARS = 400
@@ -72,6 +81,7 @@ class Classifier:
         self.facts = LogFacts()
         self._progress = ProgressTracker(MAX_RANKS, self.facts.see)
         self._nccl_capped = 0
+        self._external: list[Diagnosis] = []
 
     # -- input --------------------------------------------------------------------------------
 
@@ -91,6 +101,16 @@ class Classifier:
         self._detail_pending = 0
         self._tail = []
         self._frame_wait = None
+
+    def count_source(self, source: str) -> None:
+        """Name a source read elsewhere (a flight recorder dump) among those read."""
+        self._commit_frames()
+        self._sources.append(source)
+
+    def add_external(self, diagnoses: Iterable[Diagnosis]) -> None:
+        """Diagnoses from elsewhere (flight recorder dumps): ordered like a killed rank, after
+        a log's own killed rank (the log says why it died, the dump says where it stopped)."""
+        self._external.extend(diagnoses)
 
     def feed_text(self, text: str) -> None:
         """Convenience for tests: feed a whole decoded log."""
@@ -319,11 +339,12 @@ class Classifier:
         accs = [a for a in self._acc.values() if self._counts(a)]
         summary = self._summary_ranks(accs)
         root = summary.root_cause
-        tiers = {id(a): tier_of(a, [o for o in accs if o is not a]) for a in accs}
-        ordered = sorted(accs, key=lambda a: (
-            tiers[id(a)], a.rule.generic, 0 if root is not None and root in a.ranks else 1,
-            a.first))
-        findings = tuple(self._diagnosis(a, summary) for a in ordered)
+        keyed = [((tier_of(a, [o for o in accs if o is not a]), a.rule.generic,
+                   0 if root is not None and root in a.ranks else 1, a.first),
+                  self._diagnosis(a, summary)) for a in accs]
+        keyed += [((KILLED, False, 1, (len(self._sources), i)), d)
+                  for i, d in enumerate(self._external)]
+        findings = tuple(d for _, d in sorted(keyed, key=lambda kd: kd[0]))
         return Explanation(findings, summary, tuple(self._sources), self._lines, self._bytes,
                            self._notes())
 

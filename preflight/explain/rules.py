@@ -170,6 +170,11 @@ RULES: tuple[Rule, ...] = (
             _p(r"KeyError: '(?P<var>RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|MASTER_ADDR|"
                r"MASTER_PORT|GROUP_RANK)'",
                "the script reads {var} from the environment but the launcher did not set it"),
+            # the raising line of torch.distributed.rendezvous, when the traceback was cut
+            # before the ValueError itself
+            _p(r"(?:_env_error|_get_env_or_raise)\(\s{0,4}[\"'](?P<var>[A-Z_]{2,40})[\"']\)",
+               "the launcher variable {var} is not set (env:// rendezvous; from the "
+               "traceback's raising line)"),
         ),
         "ValueError: Error initializing torch.distributed using env:// rendezvous: environment "
         "variable RANK expected, but not set",
@@ -390,6 +395,10 @@ RULES: tuple[Rule, ...] = (
                "({comm})"),
             _p(r"Out of memory: Kill(?:ed)? process (?P<pid>\d{1,10}) \((?P<comm>[^)\n]{1,64})\)",
                "the kernel's OOM killer killed process {pid} ({comm})"),
+            _p(r"Killed process (?P<pid>\d{1,10}) \((?P<comm>[^)\n]{1,64})\) total-vm",
+               "the kernel's OOM killer killed process {pid} ({comm})"),
+            _p(r"srun: error: (?P<host>[\w.-]{1,253}): tasks? (?P<tasks>[\d,-]{1,60}): Out Of "
+               r"Memory", "srun task {tasks} on {host} ran out of memory (its cgroup limit)"),
             _p(r"oom-kill:constraint=(?P<c>CONSTRAINT_[A-Z]{1,20})",
                "the kernel's OOM killer acted ({c})"),
             _p(r"Detected (?P<n>\d{1,6}) oom[_-]kill events?",
@@ -445,6 +454,14 @@ RULES: tuple[Rule, ...] = (
             _p(r"srun: error: (?P<host>[\w.-]{1,253}): tasks? (?P<tasks>[\d,-]{1,60}): "
                r"(?P<word>Killed|Segmentation fault|Aborted|Bus error|Terminated)",
                "srun task {tasks} on {host} was killed by {name}: {hint}"),
+            # the shell's job control ("line 28:  8156 Killed   python3 main.py") and an IDE's
+            # "exit code 137 (interrupted by signal 9: SIGKILL)"
+            _p(r"(?P<pid>\d{1,10}) Killed\s{1,40}(?:python|torchrun|deepspeed|accelerate)",
+               "{who} was killed by SIGKILL (the shell says Killed): likely the host's OOM killer "
+               "or the scheduler (check `dmesg` / `journalctl -k`)"),
+            _p(r"exit code 137 \(interrupted by signal (?P<sig>\d{1,2}): ?"
+               r"(?P<name>SIG[A-Z]{2,8})\)",
+               "the process was killed by {name}: {hint}"),
             # Slurm itself ended the job or step: a stop from outside, like torchrun's own
             _p(r"\*\*\* (?:JOB|STEP) (?P<job>[\d.]{1,30}) ON (?P<host>\S{1,253}) CANCELLED AT "
                r"\S{1,40} DUE TO (?P<why>TIME LIMIT|PREEMPTION|NODE FAILURE)",
@@ -515,6 +532,8 @@ RULES: tuple[Rule, ...] = (
                "a rank could not connect to the store at {addr}"),
             _p(r"wait timeout after (?P<t>\d{1,12})ms, keys:",
                "a rank waited {t} ms for the other ranks' keys in the store"),
+            _p(r"connect\(\) timed out\. Original timeout was (?P<ms>\d{1,12}) ms",
+               "a rank could not connect to the store within {ms} ms"),
             _p(r"RendezvousConnectionError|[Tt]he connection to the C10d store has failed",
                "torchelastic could not reach the c10d rendezvous store (--rdzv_endpoint)"),
             _p(r"RendezvousTimeoutError|[Rr]endezvous[^\n]{0,120}timed out|"
@@ -524,6 +543,9 @@ RULES: tuple[Rule, ...] = (
         "torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. "
         "3/4 clients joined.",
         frames=(
+            _f("_create_tcp_store", r"\bTCPStore\(",
+               "torchelastic's c10d rendezvous store at --rdzv_endpoint could not be created or "
+               "reached (from the traceback's frames)"),
             _f("_create_c10d_store", r"\bTCPStore\(",
                "the TCPStore at MASTER_ADDR:MASTER_PORT could not be created or reached (from "
                "the traceback's frames)"),
@@ -545,6 +567,8 @@ RULES: tuple[Rule, ...] = (
         (
             _p(r"Connect to (?P<peer>\S{1,80}) failed ?: (?P<why>[A-Za-z][A-Za-z ]{2,60})",
                "NCCL could not connect to {peer}: {why}"),
+            _p(r"Call to connect failed ?: (?P<why>[A-Za-z][A-Za-z ]{2,60})",
+               "NCCL could not connect to a peer: {why}"),
             _p(r"Call to connect returned (?P<why>[A-Za-z][A-Za-z ]{2,60}), retrying",
                "NCCL's connect was refused or timed out and is retrying: {why}"),
             _p(r"socketPollConnect[^\n]{0,160}?(?P<why>Connection timed out|Connection refused|"
@@ -621,6 +645,7 @@ ANCHORS: tuple[bytes, ...] = (
     # code" and memory report, Lightning's "terminated with code" (Slurm's oom-kill and
     # CANCELLED lines and subprocess's "<Signals." come with "error" already)
     b'", line ', b"Killed", b"return code", b"CPU Virtual Memory", b"terminated with",
+    b"_env_error(", b"_get_env_or_raise(",
     # one pass for mp.spawn's "terminated with signal", torchrun's "closing signal" and its own
     # "Received 15 death signal" / "got signal: 15"
     b" signal",

@@ -13,12 +13,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from preflight.explain.ranks import line_rank, progress_of
+from preflight.explain.ranks import MAX_MATCH_CHARS, line_rank
 
 #: A rank prefix at line start: torchrun's ``[default3]:`` or PyTorch's ``[rank3]:``.
 KEY = re.compile(rb"\[(?:rank|[A-Za-z_][A-Za-z_-]{0,30})\d{1,7}\]:")
 _WORDS = (b"iter", b"step", b"epoch")
 _DIGITS = re.compile(rb"\d{1,7}")
+#: ranks.PROGRESS on bytes: the line is not decoded unless its rank needs the text.
+_PROGRESS = re.compile(rb"(?i)\b(?:iteration|iter|step|epoch)\b[\s:=#\[]{0,8}(\d{1,12})")
 
 
 class ProgressTracker:
@@ -39,10 +41,17 @@ class ProgressTracker:
               ) -> None:
         """Record each rank's last progress line in ``block`` (whole lines)."""
         keys: set[bytes] = set(KEY.findall(block)) if b"]:" in block else set()
+        full = len(self.progress) >= self.max_ranks
+        untracked: list[bytes] = []
         for key in keys:
             m = _DIGITS.search(key)
             if m:
-                self._see(int(m.group(0)))
+                rank = int(m.group(0))
+                self._see(rank)
+                if full and rank not in self.progress:
+                    untracked.append(key)  # beyond the cap: its progress is not kept
+        self.capped += len(untracked)
+        keys.difference_update(untracked)
         if source_rank is not None:
             keys.add(b"")
         if not keys:
@@ -77,19 +86,23 @@ class ProgressTracker:
             chain = [b""]
         if not todo.intersection(chain):
             return
-        text = decode(block[start:end])
-        value = progress_of(text)
-        if value is None:
+        m = _PROGRESS.search(block, start, min(end, start + MAX_MATCH_CHARS))
+        if m is None:
             return
-        found = line_rank(text).rank
-        rank = found if found is not None else source_rank
+        value = int(m.group(1))
+        rank: int | None = None
+        for key in chain:
+            if key.startswith(b"[rank"):  # PyTorch's [rankN]: is the global rank (line_rank)
+                rank = int(key[5:-2])
+                break
+        else:
+            found = line_rank(decode(block[start:end])).rank
+            rank = found if found is not None else source_rank
         todo.difference_update(chain)
         if rank is None:
             return
         if rank in self.progress or len(self.progress) < self.max_ranks:
             self.progress[rank] = value
-        else:
-            self.capped += 1
 
 
 def stalled_and_silent(progress: dict[int, int], seen: set[int]

@@ -427,8 +427,10 @@ RULES: tuple[Rule, ...] = (
         "(\"Received 15 death signal\", \"SignalException ... got signal\"): the job was stopped "
         "from outside (`sacct -j JOB -o State,Elapsed,Timelimit`, `kubectl describe pod`; "
         "SIGHUP: the ssh session closed, use tmux / nohup); if it had hung before that, rerun "
-        "with `TORCH_NCCL_TRACE_BUFFER_SIZE=2000` and a process-group timeout shorter than the "
-        "job's limit so the hang is named",
+        "with the flight recorder on (`TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
+        "TORCH_FR_DUMP_TEMP_FILE=/shared/fr/rank_`; torch < 2.8: `TORCH_NCCL_TRACE_BUFFER_SIZE`) "
+        "and a process-group timeout shorter than the job's limit, then `preflight explain "
+        "/shared/fr/` names the rank that did not join",
         (
             _p(r"failed \(exitcode: -(?P<sig>\d{1,2})\) local_rank: (?P<local>\d{1,7})",
                "local rank {local} was killed by {name}: {hint}"),
@@ -593,7 +595,9 @@ RULES: tuple[Rule, ...] = (
         "CollectiveTimeout", Layer.COMMUNICATION, SYMPTOM,
         "a collective waited past the process-group timeout: the ranks that did NOT time out (or "
         "stopped printing first) are the suspects, look at their log and GPU; rerun with "
-        "`NCCL_DEBUG=INFO` and `TORCH_NCCL_TRACE_BUFFER_SIZE=2000` (flight recorder); raise "
+        "`NCCL_DEBUG=INFO` and the flight recorder (`TORCH_FR_BUFFER_SIZE=2000 "
+        "TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_FR_DUMP_TEMP_FILE=/shared/fr/rank_`; torch < 2.8: "
+        "`TORCH_NCCL_TRACE_BUFFER_SIZE`), then `preflight explain /shared/fr/`; raise "
         "init_process_group(timeout=timedelta(minutes=60)) only once you know the step is slow, "
         "not dead "
         "(https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group)",

@@ -19,6 +19,9 @@ from preflight.explain.ranks import MAX_MATCH_CHARS, line_rank
 KEY = re.compile(rb"\[(?:rank|[A-Za-z_][A-Za-z_-]{0,30})\d{1,7}\]:")
 _WORDS = (b"iter", b"step", b"epoch")
 _DIGITS = re.compile(rb"\d{1,7}")
+_ONE = rb"(\[(?:rank|[A-Za-z_][A-Za-z_-]{0,30})\d{1,7}\]:)"
+#: Up to three prefixes at a line's start (``[default3]:[rank3]:``), one regex call.
+_CHAIN = re.compile(_ONE + b"(?:" + _ONE + b"(?:" + _ONE + b")?)?")
 #: ranks.PROGRESS on bytes: the line is not decoded unless its rank needs the text.
 _PROGRESS = re.compile(rb"(?i)\b(?:iteration|iter|step|epoch)\b[\s:=#\[]{0,8}(\d{1,12})")
 
@@ -36,73 +39,76 @@ class ProgressTracker:
         self.progress: dict[int, int] = {}
         self.capped = 0
         self._see = see
+        #: prefix -> its rank, for the prefixes met so far (bounded): a rank is seen once.
+        self._key_rank: dict[bytes, int] = {}
 
     def track(self, block: bytes, source_rank: int | None, decode: Callable[[bytes], str]
               ) -> None:
         """Record each rank's last progress line in ``block`` (whole lines)."""
         keys: set[bytes] = set(KEY.findall(block)) if b"]:" in block else set()
-        full = len(self.progress) >= self.max_ranks
-        untracked: list[bytes] = []
-        for key in keys:
-            m = _DIGITS.search(key)
-            if m:
-                rank = int(m.group(0))
-                self._see(rank)
-                if full and rank not in self.progress:
-                    untracked.append(key)  # beyond the cap: its progress is not kept
-        self.capped += len(untracked)
-        keys.difference_update(untracked)
+        if keys:
+            self._drop_untracked(keys)
         if source_rank is not None:
             keys.add(b"")
         if not keys:
             return
         low = block.lower()
-        pos = {w: low.rfind(w) for w in _WORDS}
-        todo = set(keys)
+        p_iter, p_step, p_epoch = low.rfind(b"iter"), low.rfind(b"step"), low.rfind(b"epoch")
+        todo = keys
+        progress, room = self.progress, self.max_ranks
         while todo:
-            hit = max(pos.values())
+            hit = max(p_iter, p_step, p_epoch)
             if hit < 0:
                 break
             start = block.rfind(b"\n", 0, hit) + 1
-            for w, p in pos.items():
-                if p >= start:
-                    pos[w] = low.rfind(w, 0, start)
+            if p_iter >= start:
+                p_iter = low.rfind(b"iter", 0, start)
+            if p_step >= start:
+                p_step = low.rfind(b"step", 0, start)
+            if p_epoch >= start:
+                p_epoch = low.rfind(b"epoch", 0, start)
+            m = _CHAIN.match(block, start)
+            chain = [k for k in m.groups() if k is not None] if m else [b""]
+            if not any(k in todo for k in chain):
+                continue
             end = block.find(b"\n", hit)
-            self._line(block, (start, end if end >= 0 else len(block)), todo, source_rank,
-                       decode)
+            if end < 0:
+                end = len(block)
+            v = _PROGRESS.search(block, start, min(end, start + MAX_MATCH_CHARS))
+            if v is None:
+                continue
+            rank: int | None = None
+            for key in chain:
+                if key.startswith(b"[rank"):  # PyTorch's [rankN]: is the global rank
+                    rank = int(key[5:-2])
+                    break
+            else:
+                found = line_rank(decode(block[start:end])).rank
+                rank = found if found is not None else source_rank
+            todo.difference_update(chain)
+            if rank is not None and (rank in progress or len(progress) < room):
+                progress[rank] = int(v.group(1))
 
-    def _line(self, block: bytes, span: tuple[int, int], todo: set[bytes],
-              source_rank: int | None, decode: Callable[[bytes], str]) -> None:
-        start, end = span
-        chain: list[bytes] = []
-        pos = start
-        while len(chain) < 3:
-            m = KEY.match(block, pos)
-            if m is None:
-                break
-            chain.append(m.group(0))
-            pos = m.end()
-        if not chain:
-            chain = [b""]
-        if not todo.intersection(chain):
-            return
-        m = _PROGRESS.search(block, start, min(end, start + MAX_MATCH_CHARS))
-        if m is None:
-            return
-        value = int(m.group(1))
-        rank: int | None = None
-        for key in chain:
-            if key.startswith(b"[rank"):  # PyTorch's [rankN]: is the global rank (line_rank)
-                rank = int(key[5:-2])
-                break
-        else:
-            found = line_rank(decode(block[start:end])).rank
-            rank = found if found is not None else source_rank
-        todo.difference_update(chain)
-        if rank is None:
-            return
-        if rank in self.progress or len(self.progress) < self.max_ranks:
-            self.progress[rank] = value
+    def _drop_untracked(self, keys: set[bytes]) -> None:
+        """See every rank the prefixes name; drop the prefixes of ranks past the cap (their
+        progress is not kept, so their lines are not read)."""
+        cache = self._key_rank
+        full = len(self.progress) >= self.max_ranks
+        untracked: list[bytes] = []
+        for key in keys:
+            rank = cache.get(key)
+            if rank is None:
+                m = _DIGITS.search(key)
+                if m is None:
+                    continue
+                rank = int(m.group(0))
+                self._see(rank)
+                if len(cache) < 4 * self.max_ranks:
+                    cache[key] = rank
+            if full and rank not in self.progress:
+                untracked.append(key)
+        self.capped += len(untracked)
+        keys.difference_update(untracked)
 
 
 def stalled_and_silent(progress: dict[int, int], seen: set[int]

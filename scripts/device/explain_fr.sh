@@ -13,20 +13,11 @@
 # each rank's log, torch.txt (versions), explain-<case>.txt / .json (what preflight explain
 # says) and fr_trace-<case>.txt (what torch's analyser says about the same dumps).
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-if ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile \
-    --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; then
-  export PYTHONPATH=$PWD:/tmp/site
-fi
-W=$(mktemp -d /tmp/explain-fr.XXXXXX)
-LOG=$W/runs.log
-NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+NAME=explain-fr
+. scripts/device/explain_lib.sh
 CASES=nccl-timeout,skip,mismatch
 [ "$NGPU" -ge 2 ] && CASES=$CASES,nccl-skip
-{ echo "date $(date -u +%FT%TZ) gpus $NGPU cases $CASES"; nvidia-smi -L 2>&1
-  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version())"
-} >>"$LOG" 2>&1
+echo "cases $CASES" >>"$LOG"
 timeout 400 python3 scripts/device/explain_fr_worker.py --out "$W/fr" --cases "$CASES" \
   --device cuda >>"$LOG" 2>&1
 echo "worker rc=$?" >>"$LOG"

@@ -52,10 +52,15 @@ def _dump(out: Path, rank: int) -> None:
     import torch  # noqa: TID251  (a job that makes dumps needs torch)
 
     c10d = torch._C._distributed_c10d
-    (out / f"rank_{rank}").write_bytes(c10d._dump_fr_trace())
-    js = out.parent / f"{out.name}-json"
-    js.mkdir(exist_ok=True)
-    (js / f"rank_{rank}.json").write_bytes(c10d._dump_fr_trace_json())
+    # the backend-neutral names (torch >= 2.8), else ProcessGroupNCCL's own
+    dump = getattr(c10d, "_dump_fr_trace", None) or c10d._dump_nccl_trace
+    (out / f"rank_{rank}").write_bytes(dump())
+    dump_json = (getattr(c10d, "_dump_fr_trace_json", None)
+                 or getattr(c10d, "_dump_nccl_trace_json", None))
+    if dump_json is not None:
+        js = out.parent / f"{out.name}-json"
+        js.mkdir(exist_ok=True)
+        (js / f"rank_{rank}.json").write_bytes(dump_json())
 
 
 def rank_main(case: str, out: Path) -> int:
@@ -100,6 +105,8 @@ def rank_main(case: str, out: Path) -> int:
         traceback.print_exc()
     if backend == "gloo" and case != "mismatch":
         _dump(out, rank)
+    elif case == "nccl-skip" and not (out / f"rank_{rank}").exists():
+        _dump(out, rank)  # the rank that skipped: its own view, unless the watchdog's is there
     sys.stderr.flush()
     os._exit(0)
 

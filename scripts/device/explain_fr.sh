@@ -12,14 +12,16 @@
 # The tar holds fr/<case>/rank_<R> (pickled dumps, torch's own file format), fr/<case>-json/,
 # each rank's log, torch.txt (versions), explain-<case>.txt / .json (what preflight explain
 # says) and fr_trace-<case>.txt (what torch's analyser says about the same dumps).
+# Local dry run without a GPU: FR_CASES=skip,mismatch FR_TENSORS=cpu OUT=/tmp/x bash THIS
 set -u
 NAME=explain-fr
 . scripts/device/explain_lib.sh
 CASES=nccl-timeout,skip,mismatch
 [ "$NGPU" -ge 2 ] && CASES=$CASES,nccl-skip
+CASES=${FR_CASES:-$CASES}
 echo "cases $CASES" >>"$LOG"
 timeout 400 python3 scripts/device/explain_fr_worker.py --out "$W/fr" --cases "$CASES" \
-  --device cuda >>"$LOG" 2>&1
+  --device "${FR_TENSORS:-cuda}" >>"$LOG" 2>&1
 echo "worker rc=$?" >>"$LOG"
 for dir in "$W"/fr/*/; do
   case=$(basename "$dir")

@@ -4,7 +4,7 @@ Writes a log (1 GB by default, ``--size``) into a temporary directory: 8 ranks w
 ``[defaultN]:[rankN]:`` prefixes printing training progress, NCCL INFO start-up lines, a few
 warnings, and at the end a /dev/shm failure on rank 5 followed by watchdog timeouts on the
 others. Then it classifies the file the way ``preflight explain`` does and prints MB/s, the
-peak RSS of the process (VmHWM) and the findings. Issue 6 target: >= 50 MB/s, bounded memory.
+peak RSS of the process (VmHWM) and the findings. Target: >= 50 MB/s, bounded memory.
 On a machine shared with other work the wall-clock MB/s drops with the load; the MB per CPU
 second of the process is printed beside it (with the load average) for that case.
 

@@ -30,8 +30,8 @@ class Unreadable(Exception):
     """A log that cannot be read (further): the message is one line saying why."""
 
 
-class _Prefixed(io.RawIOBase):
-    """``head`` then the rest of ``stream``, for content that was peeked at."""
+class Prefixed(io.RawIOBase):
+    """``head`` then the rest of ``stream``: content that was read ahead, given back."""
 
     def __init__(self, head: bytes, stream: BinaryIO) -> None:
         self._head = head
@@ -130,7 +130,7 @@ def open_log(stream: BinaryIO) -> tuple[BinaryIO, str]:
     """
     kinds: list[str] = []
     head = _read_head(stream, 4)
-    src: BinaryIO = io.BufferedReader(_Prefixed(head, stream), CHUNK)  # type: ignore[arg-type]
+    src: BinaryIO = io.BufferedReader(Prefixed(head, stream), CHUNK)  # type: ignore[arg-type]
     if head.startswith(GZIP_MAGIC):
         kinds.append("gzip")
         gz = gzip.GzipFile(fileobj=src, mode="rb")
@@ -141,7 +141,7 @@ def open_log(stream: BinaryIO) -> tuple[BinaryIO, str]:
                                 CHUNK)
     if kinds:
         head = _read_head(src, 4)
-        src = io.BufferedReader(_Prefixed(head, src), CHUNK)  # type: ignore[arg-type]
+        src = io.BufferedReader(Prefixed(head, src), CHUNK)  # type: ignore[arg-type]
     for bom, encoding in BOMS:
         if head.startswith(bom):
             src.read(len(bom))

@@ -1,6 +1,6 @@
 """Which rank printed a line, and how far each rank got (pure functions over decoded lines).
 
-Prefixes understood (issue 6, item 3):
+Prefixes understood:
 
 * ``[rank3]:``: PyTorch's own prefix on C++ log lines and tracebacks (global rank);
 * ``[Rank 3]`` or ``[PG ID 0 PG GUID 0(default_pg) Rank 3]``: inside ProcessGroupNCCL messages;

@@ -11,7 +11,7 @@ Regexes run on one line at a time (a line is at most a few KiB after the reader'
 bounded repetitions or character classes followed by literals, and never nest quantifiers, so no
 input can make them backtrack for long (tests/explain property-tests them on garbage).
 
-``tier`` orders findings cause-first (issue 6, "root cause first"): 0 an origin (a full /dev/shm, a
+``tier`` orders findings cause-first ("root cause first"): 0 an origin (a full /dev/shm, a
 NIC error, an OOM), 1 a rank killed by a signal (the kill is the cause of what the other ranks
 print, but a specific origin in the same log - an OOM, a full /dev/shm - says why it died), 2 an
 error that usually wraps an origin (ncclSystemError, a rendezvous timeout, a refused NCCL

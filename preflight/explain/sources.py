@@ -10,6 +10,7 @@ the others still count. A directory stands for the regular files under it (sorte
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 from collections.abc import Iterable, Iterator
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from preflight.explain.classifier import Classifier
-from preflight.explain.decode import Unreadable, open_log
+from preflight.explain.decode import Prefixed, Unreadable, open_log
 from preflight.explain.flightrec import (
     MAX_DUMP_BYTES,
     DumpRefused,
@@ -65,11 +66,20 @@ def explain_streams(streams: Iterable[tuple[str, BinaryIO]], *,
         try:
             text, _ = open_log(stream)
             head = text.peek(64)[:64]  # type: ignore[attr-defined]
-            if sniff(head):
-                dumps.append(load_dump(text.read(MAX_DUMP_BYTES + 1), name))
-                c.count_source(name)
-                c.facts.see(dumps[-1].rank)
-                continue
+            kind = sniff(head)
+            if kind:
+                data = text.read(MAX_DUMP_BYTES + 1)
+                try:
+                    dumps.append(load_dump(data, name))
+                except DumpRefused:
+                    if kind == "pickle":
+                        raise
+                    # a log of JSON lines that happens to start like a dump: read it as a log
+                    text = io.BufferedReader(Prefixed(data, text))  # type: ignore[arg-type]
+                else:
+                    c.count_source(name)
+                    c.facts.see(dumps[-1].rank)
+                    continue
             c.begin(name)
             for block in iter_blocks(text):
                 c.feed(block)

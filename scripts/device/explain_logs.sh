@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fresh torchrun + NCCL failure logs for `preflight explain` (issue 15, point 3), in one call.
+# Fresh torchrun + NCCL failure logs for `preflight explain`, in one call.
 # Usage on the H200 machine (2 GPUs wanted; with 1 GPU the two-rank cases run on gloo/CPU),
 # from the repo root:
 #   bash scripts/device/explain_logs.sh        ->  $OUT/explain-logs.tar

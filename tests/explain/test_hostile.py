@@ -127,3 +127,11 @@ def test_a_directory_stands_for_the_files_under_it(tmp_path: Path,
     assert [f["reason"] for f in data["findings"]] == ["CudaOutOfMemory", "CollectiveTimeout"]
     assert data["findings"][0]["ranks"] == [3]
     assert len(data["sources"]) == 2
+
+
+def test_a_json_lines_log_that_starts_like_a_dump_is_read_as_a_log(tmp_path: Path) -> None:
+    path = tmp_path / "events.log"
+    path.write_text('{"version": 1, "msg": "start"}\n{"msg": "' + OOM.strip() + '"}\n')
+    data = json.loads(cli("--json", str(path)).stdout)
+    assert [f["reason"] for f in data["findings"]] == ["CudaOutOfMemory"]
+    assert data["unread"] == []

@@ -35,6 +35,12 @@ CASES: dict[str, tuple[str, list[str]]] = {
                                      ["RankKilled"]),
     "mp-spawn-kill-hrnet-47.log": (
         "https://github.com/HRNet/HigherHRNet-Human-Pose-Estimation/issues/47", ["RankKilled"]),
+    # Lightning's process observer and its rank prefix; two logs pasted into public
+    # repositories' notes, found by the exact string "Forcefully terminating all other
+    # processes" (the index that found them names no repository)
+    "lightning-kill.log": ("public notes (exact-string search)", ["RankKilled"]),
+    "lightning-watchdog-abort.log": ("public notes (exact-string search)",
+                                     ["CollectiveTimeout", "RankKilled"]),
     # host memory evidence for a SIGKILL
     "srun-oom-arjuna-52.log": ("https://github.com/ArjunaCluster/ArjunaUsers/issues/52",
                                ["HostOutOfMemory", "RankKilled"]),

@@ -28,8 +28,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                     "communication, data, model, hardware), evidence lines, ranks involved and "
                     "the fix; from dumps, the ranks that never entered a collective the others "
                     "entered, and collectives whose op or sizes differ between ranks.",
-        epilog="exit codes: 0 nothing recognised, 1 findings, 2 usage error (a missing path or "
-               "a device) or nothing recognised while an input could not be read")
+        epilog="flight recorder dumps on an NCCL timeout: TORCH_FR_BUFFER_SIZE=2000 "
+               "TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_FR_DUMP_TEMP_FILE=/shared/fr/rank_ (torch < "
+               "2.8: TORCH_NCCL_TRACE_BUFFER_SIZE, TORCH_NCCL_DEBUG_INFO_TEMP_FILE), then "
+               "preflight explain /shared/fr/. exit codes: 0 nothing recognised, 1 findings, 2 "
+               "usage error (a missing path or a device) or nothing recognised while an input "
+               "could not be read")
     p.add_argument("files", nargs="+", metavar="PATH",
                    help="log files, pipes (<(kubectl logs POD)), flight recorder dumps "
                         "(TORCH_FR_DUMP_TEMP_FILE's <prefix><rank> files) or directories of "

@@ -92,6 +92,7 @@ class Classifier:
             source: the file name shown in evidence (``-`` for standard input).
         """
         self._commit_frames()
+        self._progress.flush()
         self._sources.append(source)
         self._source = source
         self._base = 0
@@ -327,6 +328,7 @@ class Classifier:
     def finish(self) -> Explanation:
         """Resolve NCCL ranks, build the rank summary and order findings cause-first."""
         self._commit_frames()
+        self._progress.flush()
         facts = self.facts
         single_host = len(facts.nccl_hosts) <= 1
         for acc in self._acc.values():

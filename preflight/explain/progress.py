@@ -1,11 +1,13 @@
 """How far each rank got: the last ``iteration N`` / ``step N`` / ``epoch N`` it printed.
 
-A hang is located by the rank that "never printed iteration 10". Per block only the LAST progress
-line of each rank matters, so the block is read backwards, and only at lines that hold a progress
-word: the three words are found with ``bytes.rfind`` in the lower-cased block, each line once, and
-the walk stops when every rank prefix of the block is resolved. Work per block is linear in its
-size whatever the number of ranks (8 or 8,192 distinct prefixes cost the same passes); a rank
-that printed no progress in the block costs nothing beyond those passes.
+A hang is located by the rank that "never printed iteration 10". Only the LAST progress line of
+each rank matters, so blocks are gathered into a window (``WINDOW_BYTES``) and the window is read
+backwards, newest block first, and only at lines that hold a progress word: the three words are
+found with ``bytes.rfind`` in the lower-cased block, each line once, and the walk stops when
+every rank prefix of the window is resolved. Work is linear in the input whatever the number of
+ranks: with 8 ranks the walk ends in the last lines of the newest block; with 8,192 it reads
+about one line per tracked rank per window, and a larger window makes that share smaller. A rank
+that printed no progress costs nothing beyond the passes.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from preflight.explain.ranks import MAX_MATCH_CHARS, line_rank
 KEY = re.compile(rb"\[(?:rank|[A-Za-z_][A-Za-z_-]{0,30})\d{1,7}\]:")
 _WORDS = (b"iter", b"step", b"epoch")
 _DIGITS = re.compile(rb"\d{1,7}")
+#: Blocks read together backwards (bounded memory: at most this much is held).
+WINDOW_BYTES = 16 << 20
 _ONE = rb"(\[(?:rank|[A-Za-z_][A-Za-z_-]{0,30})\d{1,7}\]:)"
 #: Up to three prefixes at a line's start (``[default3]:[rank3]:``), one regex call.
 _CHAIN = re.compile(_ONE + b"(?:" + _ONE + b"(?:" + _ONE + b")?)?")
@@ -41,10 +45,16 @@ class ProgressTracker:
         self._see = see
         #: prefix -> its rank, for the prefixes met so far (bounded): a rank is seen once.
         self._key_rank: dict[bytes, int] = {}
+        self._window: list[tuple[bytes, set[bytes], int | None]] = []
+        self._window_bytes = 0
+        self._decode: Callable[[bytes], str] = bytes.decode
+        self._last_keys: set[bytes] = set()
+        self._last_untracked: list[bytes] = []
 
     def track(self, block: bytes, source_rank: int | None, decode: Callable[[bytes], str]
               ) -> None:
-        """Record each rank's last progress line in ``block`` (whole lines)."""
+        """Take ``block`` (whole lines of one source) into the window; read the window when it
+        is full. ``flush`` reads what is left (at the end of a source)."""
         keys: set[bytes] = set(KEY.findall(block)) if b"]:" in block else set()
         if keys:
             self._drop_untracked(keys)
@@ -52,9 +62,28 @@ class ProgressTracker:
             keys.add(b"")
         if not keys:
             return
+        self._decode = decode
+        self._window.append((block, keys, source_rank))
+        self._window_bytes += len(block)
+        if self._window_bytes >= WINDOW_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        """Record each rank's last progress line in the window, newest block first."""
+        window, self._window, self._window_bytes = self._window, [], 0
+        todo: set[bytes] = set()
+        for _, keys, _ in window:
+            todo |= keys
+        for block, keys, source_rank in reversed(window):
+            if not todo:
+                break
+            if not todo.isdisjoint(keys):
+                self._walk(block, todo, source_rank)
+
+    def _walk(self, block: bytes, todo: set[bytes], source_rank: int | None) -> None:
+        decode = self._decode
         low = block.lower()
         p_iter, p_step, p_epoch = low.rfind(b"iter"), low.rfind(b"step"), low.rfind(b"epoch")
-        todo = keys
         progress, room = self.progress, self.max_ranks
         while todo:
             hit = max(p_iter, p_step, p_epoch)
@@ -92,8 +121,14 @@ class ProgressTracker:
     def _drop_untracked(self, keys: set[bytes]) -> None:
         """See every rank the prefixes name; drop the prefixes of ranks past the cap (their
         progress is not kept, so their lines are not read)."""
+        if keys == self._last_keys:  # the same prefixes as the block before: the same answer
+            self.capped += len(self._last_untracked)
+            keys.difference_update(self._last_untracked)
+            return
         cache = self._key_rank
         full = len(self.progress) >= self.max_ranks
+        # the answer only holds while no rank can join: cache it once the cap is reached
+        self._last_keys = set(keys) if full else set()
         untracked: list[bytes] = []
         for key in keys:
             rank = cache.get(key)
@@ -107,6 +142,7 @@ class ProgressTracker:
                     cache[key] = rank
             if full and rank not in self.progress:
                 untracked.append(key)
+        self._last_untracked = untracked
         self.capped += len(untracked)
         keys.difference_update(untracked)
 

@@ -125,12 +125,20 @@ def _read_head(stream: BinaryIO, n: int) -> bytes:
 def open_log(stream: BinaryIO) -> tuple[BinaryIO, str]:
     """``stream`` as UTF-8 bytes, and what it was (``"gzip, utf-16-le"``; ``""`` for plain).
 
+    A plain log is ``stream`` itself (looked at with ``peek``, nothing copied); what comes back
+    always has ``peek``.
+
     Raises:
         Unreadable: zstd without a decoder.
     """
     kinds: list[str] = []
-    head = _read_head(stream, 4)
-    src: BinaryIO = io.BufferedReader(Prefixed(head, stream), CHUNK)  # type: ignore[arg-type]
+    src: BinaryIO = stream
+    if not hasattr(src, "peek"):
+        src = io.BufferedReader(Prefixed(b"", src), CHUNK)  # type: ignore[arg-type]
+    head = src.peek(4)[:4]  # type: ignore[attr-defined]
+    if len(head) < 4:  # a pipe that has less at hand: read on, and give it back
+        head = _read_head(src, 4)
+        src = io.BufferedReader(Prefixed(head, src), CHUNK)  # type: ignore[arg-type]
     if head.startswith(GZIP_MAGIC):
         kinds.append("gzip")
         gz = gzip.GzipFile(fileobj=src, mode="rb")

@@ -649,7 +649,7 @@ ANCHORS: tuple[bytes, ...] = (
     # code" and memory report, Lightning's "terminated with code" (Slurm's oom-kill and
     # CANCELLED lines and subprocess's "<Signals." come with "error" already)
     b'", line ', b"Killed", b"return code", b"CPU Virtual Memory", b"terminated with",
-    b"_env_error(", b"_get_env_or_raise(",
+    b"_env_error(",
     # one pass for mp.spawn's "terminated with signal", torchrun's "closing signal" and its own
     # "Received 15 death signal" / "got signal: 15"
     b" signal",

@@ -449,6 +449,14 @@ RULES: tuple[Rule, ...] = (
             # code = -9"
             _p(r"exits with return code = -(?P<sig>\d{1,2})\b",
                "a rank DeepSpeed's launcher started was killed by {name}: {hint}"),
+            # DeepSpeed's launcher (and torch.distributed.launch 1.x) stopping the other ranks once
+            # one ended: "[launch.py:318:sigkill_handler] Killing subprocess 94984". How that
+            # rank ended is in another line (its return code); on its own this is the end of
+            # the job, the cause only when nothing else is found
+            _p(r"Killing subprocess (?P<pid>\d{1,10})",
+               "the launcher stopped its ranks after one of them ended ({who} among them): the "
+               "rank that ended first says why; a host memory report near 100 % before it "
+               "points at the OOM killer", last=True),
             # Lightning's process observer: "Child process with PID 12 terminated with code -9"
             _p(r"Child process with PID (?P<pid>\d{1,10}) terminated with code -(?P<sig>\d{1,2})",
                "{who} (Lightning) was killed by {name}: {hint}"),
@@ -645,10 +653,10 @@ ANCHORS: tuple[bytes, ...] = (
     b"fallen off the bus", b"ncclCommInitRank", b"global_world_sizes", b"(local_rank:",
     b"SOCKET_IFNAME set", b"exitcode", b"Connection refused",
     # traceback frames (``File "...", line N, in f``) and the launchers' words for a kill or
-    # the host's memory: srun's "Killed", the kernel's "Killed process", DeepSpeed's "return
-    # code" and memory report, Lightning's "terminated with code" (Slurm's oom-kill and
-    # CANCELLED lines and subprocess's "<Signals." come with "error" already)
-    b'", line ', b"Killed", b"return code", b"CPU Virtual Memory", b"terminated with",
+    # the host's memory: srun's "Killed", the kernel's "Killed process", DeepSpeed's "Killing
+    # subprocess", "return code" and memory report, Lightning's "terminated with code"
+    # (Slurm's oom-kill and CANCELLED lines and subprocess's "<Signals." come with "error")
+    b'", line ', b"Kill", b"return code", b"CPU Virtual Memory", b"terminated with",
     b"_env_error(",
     # one pass for mp.spawn's "terminated with signal", torchrun's "closing signal" and its own
     # "Received 15 death signal" / "got signal: 15"

@@ -46,8 +46,10 @@ CASES: dict[str, tuple[str, list[str]]] = {
                                ["HostOutOfMemory", "RankKilled"]),
     "dmesg-oom-qaconv-19.log": ("https://github.com/ShengcaiLiao/QAConv/issues/19",
                                 ["HostOutOfMemory"]),
-    # DeepSpeed killing its other subprocesses, and a memory report at 22.6 %: no kill, no OOM
-    "deepspeed-memory-3160.log": ("https://github.com/deepspeedai/DeepSpeed/issues/3160", []),
+    # DeepSpeed stopping its subprocesses after one ended (the end of the job, named last), and
+    # a memory report at 22.6 %: no evidence of the host's memory
+    "deepspeed-memory-3160.log": ("https://github.com/deepspeedai/DeepSpeed/issues/3160",
+                                  ["RankKilled"]),
 }
 
 
@@ -101,3 +103,8 @@ def test_a_memory_report_counts_only_beside_a_kill() -> None:
     got = classify_texts([("x", report + kill)]).findings
     assert [f.reason for f in got] == ["HostOutOfMemory", "RankKilled"]
     assert "91.2%" in got[0].message
+    # the launcher's own stop of its ranks after one ended, the memory report before it
+    stop = "[INFO] [launch.py:318:sigkill_handler] Killing subprocess 80\n"
+    got = classify_texts([("x", report + stop)]).findings
+    assert [f.reason for f in got] == ["HostOutOfMemory", "RankKilled"]
+    assert "launcher stopped its ranks" in got[1].message

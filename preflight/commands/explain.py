@@ -27,8 +27,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                     "print the failure classes found, root cause first: layer (environment, "
                     "communication, data, model, hardware), evidence lines, ranks involved and "
                     "the fix; from dumps, the ranks that never entered a collective the others "
-                    "entered, and collectives whose op or sizes differ between ranks. Reasons: preflight "
-                    "docs explain.",
+                    "entered, and collectives whose op or sizes differ between ranks. "
+                    "Reasons: preflight docs explain.",
         epilog="flight recorder dumps on an NCCL timeout: TORCH_FR_BUFFER_SIZE=2000 "
                "TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_FR_DUMP_TEMP_FILE=/shared/fr/rank_ (torch < "
                "2.8: TORCH_NCCL_TRACE_BUFFER_SIZE, TORCH_NCCL_DEBUG_INFO_TEMP_FILE), then "

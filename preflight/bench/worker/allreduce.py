@@ -82,6 +82,7 @@ def _loopback_store(tcp_store: Any, world_size: int, timeout: Any) -> Any:
 
 
 def run_torch(s: Step, torch: Any, device: Any) -> None:
+    """In phase ``init`` already (the caller entered it)."""
     import torch.distributed as dist
 
     tcp_store: Any = dist.TCPStore  # type: ignore[attr-defined]
@@ -92,7 +93,6 @@ def run_torch(s: Step, torch: Any, device: Any) -> None:
         except (AttributeError, RuntimeError):
             nccl = None
     s.progress.send(wire.ENGINE, step=wire.ALLREDUCE, engine="torch", nccl=nccl)
-    s.phase("init")
     timeout = datetime.timedelta(seconds=s.timeout_s)
     store_at = s.plan.get("store")
     if store_at:
@@ -246,7 +246,6 @@ def run_nccl4py(s: Step, gpu: Any, nccl: Any) -> None:
                            f"{libnccl}")
     s.progress.send(wire.ENGINE, step=wire.ALLREDUCE, engine="nccl4py",
                     nccl_code=int(nccl.get_version()))
-    s.phase("init")
 
     def init_comm() -> Any:
         gpu.make_current()

@@ -156,7 +156,8 @@ class Worker:
 
             libnccl = ar.get("libnccl")
             self.nccl_job = Background(lambda: import_nccl(libnccl), "nccl-import")
-        if "torch" in first:
+        if "torch" in first and (not speed or self.speed_try[0] == "torch"):
+            # (Only the all-reduce's: imported after the speed step, whose time it is not.)
             self.torch = import_module("torch")
         self.clock.lap("imports")
         self.enter(wire.START, "context")
@@ -252,9 +253,11 @@ class Worker:
     def allreduce_step(self, plan: dict[str, Any]) -> None:
         from . import allreduce
 
+        # Init first: what follows (torch's import, the rendezvous) is no measurement, and a
+        # heartbeat held off by an import must not read as a frozen worker.
+        self.enter(wire.ALLREDUCE, "init")
         step = allreduce.Step(plan, self.progress, self.control, wire.Clock(),
                               enter=lambda phase, size: self.enter(wire.ALLREDUCE, phase, size))
-        self.step, self.phase = wire.ALLREDUCE, "init"
         why = []
         for name in self.ar_try:
             try:

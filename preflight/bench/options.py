@@ -365,3 +365,5 @@ class SpeedRecord:
     failure: Failure | None
     elapsed_s: float
     log_dir: str | None = None
+    #: seconds from the last figure to every worker's exit (None: they went on to the all-reduce)
+    teardown_s: float | None = None

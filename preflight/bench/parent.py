@@ -237,9 +237,11 @@ class WorkerRun:
         failure = None if self.speed_done is not None and (
             self.failure is None or wire.ALLREDUCE in self.step_started) else self.failure
         end = self.speed_done or self.ended or time.monotonic()
+        teardown = (self.ended - self.speed_done if self.ended is not None
+                    and self.speed_done is not None and self.opts.allreduce is None else None)
         return SpeedRecord(self.opts.speed, workers,
                            failure or self._engine_failure(wire.SPEED, workers),
-                           end - self.started, self.log_dir if self.keep else None)
+                           end - self.started, self.log_dir if self.keep else None, teardown)
 
     def allreduce_record(self) -> RunRecord:
         assert self.opts.allreduce is not None

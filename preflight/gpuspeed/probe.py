@@ -63,6 +63,8 @@ class SpeedRun:
     environment: Mapping[str, Any] = field(default_factory=dict)
     #: the workers' output, kept with ``preflight bench --gpu --debug``
     debug_log: str | None = None
+    #: seconds from the last figure to the workers' exit (None: they went on to the all-reduce)
+    teardown_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,7 +83,8 @@ class SpeedRun:
             if fail else None,
             elapsed_s=float(data.get("elapsed_s", 0.0)),
             environment=dict(data.get("environment") or {}),
-            debug_log=str(data["debug_log"]) if data.get("debug_log") else None)
+            debug_log=str(data["debug_log"]) if data.get("debug_log") else None,
+            teardown_s=float(data["teardown_s"]) if data.get("teardown_s") is not None else None)
 
 
 class SpeedProbe(Protocol):
@@ -142,7 +145,8 @@ def speed_run(rec: SpeedRecord) -> SpeedRun:
                                 figures=dict(st.figures),
                                 device={**st.device, "engine": st.speed_engine,
                                         "dtype": st.dtype, "pid": st.pid},
-                                phase_s={**st.start_times, **st.speed_times})
+                                phase_s={k: round(v, 4) for k, v in
+                                         {**st.start_times, **st.speed_times}.items()})
                      for st in rec.workers if wire_done(st))
     failure = None
     if rec.failure is not None:
@@ -155,7 +159,8 @@ def speed_run(rec: SpeedRecord) -> SpeedRun:
             tb)
     env = next((st.loaded for st in rec.workers if st.loaded), {})
     return SpeedRun(measures=measures, failure=failure, elapsed_s=rec.elapsed_s,
-                    environment={"python": opts.python, **env}, debug_log=rec.log_dir)
+                    environment={"python": opts.python, **env}, debug_log=rec.log_dir,
+                    teardown_s=rec.teardown_s)
 
 
 def wire_done(st: Any) -> bool:

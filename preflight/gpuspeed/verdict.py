@@ -166,6 +166,8 @@ def judge(run: SpeedRun, gpus: Sequence[Gpu], *, slow_fraction: float, warn_frac
     after the run (by bus id) for the reasons of a slow GPU."""
     extra: dict[str, Any] = {"elapsed_s": round(run.elapsed_s, 3), "slow_fraction": slow_fraction,
                              "warn_fraction": warn_fraction, "failure": None,
+                             "teardown_s": round(run.teardown_s, 4)
+                             if run.teardown_s is not None else None,
                              "environment": dict(run.environment),
                              "debug_log": run.debug_log}
     by_bus = {normalize_bus_id(g.pci_bus_id): g for g in gpus}

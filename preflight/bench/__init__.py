@@ -155,16 +155,18 @@ def _interpreter(ctx: Context, backend: str, engine: str) -> tuple[str, str | No
     """(the workers' interpreter, the libnccl they must load or None, the engine, a note).
 
     With ``--python`` (config ``python``) the test must exercise the training environment's
-    NCCL. When that environment cannot run the nccl4py engine but this one can, the workers run
-    here and load the environment's own ``libnccl.so.2`` first: the same NCCL, without torch's
-    3-4 s start. ``--engine torch`` keeps the environment's own torch.
+    NCCL. When that environment has torch but not the nccl4py engine, and this one has it, the
+    workers run here and load the environment's own ``libnccl.so.2`` (the one its torch loads)
+    first: the same NCCL, without torch's 3-4 s start. ``--engine torch`` keeps the
+    environment's own torch.
     """
     cfg = ctx.config
     if not cfg.python or cfg.python == sys.executable or backend != "nccl" or engine == "torch":
         return cfg.python or sys.executable, None, engine, ""
     theirs = interpreter_facts(ctx, cfg.python)
-    if theirs is None or engines.has(theirs, "nccl4py"):
-        # Its own nccl4py; or it could not be asked: its workers say what is wrong with it.
+    if theirs is None or engines.has(theirs, "nccl4py") or not engines.has(theirs, "torch"):
+        # Its own nccl4py; no torch, so no NCCL of a job of its own (its workers say what it
+        # lacks); or it could not be asked (its workers say what is wrong with it).
         return cfg.python, None, engine, ""
     source = theirs.get("libnccl")
     here = interpreter_facts(ctx, sys.executable) or {}

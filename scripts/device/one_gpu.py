@@ -6,6 +6,7 @@ moves nothing: busbw 0, the verdict is meaningless), everything else as the CLI 
     python3 scripts/device/one_gpu.py bench [bench args]   # `preflight bench` with one rank
     python3 scripts/device/one_gpu.py stall PHASE [ENGINE] # SIGSTOP the rank when it reports
                                                            # PHASE; seconds from stop to verdict
+    python3 scripts/device/one_gpu.py corrupt [ENGINE]     # the test-only wrong sum on rank 0
 
 The plan keeps the real interpreter decision (``--python``: the training environment's own
 engine, or preflight's nccl4py driving its libnccl.so.2, with the note).
@@ -45,14 +46,34 @@ def _plan_one(ctx: Any, *, backend: str | None = None, nproc: int | None = None,
     return bench.Plan(opts, gpus[:1], (note,) if note else ())
 
 
+def _context() -> Any:
+    from preflight.core.config import Config
+    from preflight.core.context import make_context
+
+    # Defaults: the test-only variable below is no configuration key (the CLI refuses it).
+    return make_context(Config())
+
+
+def corrupt(engine: str) -> dict[str, Any]:
+    """1 MiB..64 MiB with PREFLIGHT_BENCH_TEST_CORRUPT_RANK=0: the wrong element is named."""
+    from preflight.bench.parent import run_workers
+    from preflight.bench.verdict import judge
+
+    os.environ[wire.CORRUPT_ENV] = "0"
+    ctx = _context()
+    p = _plan_one(ctx, min_bytes=1 << 20, max_bytes=64 << 20, engine=engine)
+    assert p.options is not None
+    result = judge(run_workers(p.options), gpus=p.gpus)
+    return {"engine": result.engine, "status": result.status.word, "reason": result.reason,
+            "message": result.message, "rows": [r.to_json() for r in result.rows]}
+
+
 def stall(phase: str, engine: str) -> dict[str, Any]:
     """A 1-4 GiB sweep; the rank is stopped (SIGSTOP) when it reports ``phase``."""
     from preflight.bench.parent import run_workers
     from preflight.bench.verdict import judge
-    from preflight.core.config import load
-    from preflight.core.context import make_context
 
-    ctx = make_context(load())
+    ctx = _context()
     p = _plan_one(ctx, min_bytes=1 << 30, max_bytes=4 << 30, timeout_s=120, engine=engine)
     assert p.options is not None
     hit: dict[str, float] = {}
@@ -85,5 +106,8 @@ if __name__ == "__main__":
     mode, rest = sys.argv[1], sys.argv[2:]
     if mode == "stall":
         print(json.dumps(stall(rest[0], rest[1] if len(rest) > 1 else "auto")))
+        sys.exit(0)
+    if mode == "corrupt":
+        print(json.dumps(corrupt(rest[0] if rest else "auto")))
         sys.exit(0)
     sys.exit(main([mode, *rest]))

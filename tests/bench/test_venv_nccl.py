@@ -184,3 +184,13 @@ def test_the_ptx_the_driver_compiles_is_package_data_with_every_kernel() -> None
         assert ptx.count(f".visible .entry {name}(") == 1
     assert ptx.count("{") == ptx.count("}") == 3
     assert "kernels.ptx" in (Path(__file__).parents[2] / "pyproject.toml").read_text()
+
+
+def test_a_venv_without_torch_is_not_borrowed_for_its_systems_libnccl(
+        make_ctx: MakeCtx, make_venv: MakeVenv, nccl4py_here: None) -> None:
+    """No torch there, so no NCCL of its own job to test (a libnccl its loader finds is the
+    system's): its own workers run, and say what it lacks."""
+    venv = make_venv(nccl_code=22809, packages=NCCL_WHEEL)
+    p = plan(make_ctx(python=str(venv)), backend="nccl")
+    assert p.options is not None and p.options.libnccl is None
+    assert p.options.python == str(venv) and p.notes == ()

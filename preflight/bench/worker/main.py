@@ -17,6 +17,7 @@ context, its memory and NCCL's threads at once (the parent waits for it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -77,6 +78,8 @@ def loaded() -> dict[str, Any]:
         if module is None:
             out[key] = None
             continue
+        where = getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", [])),
+                                                           None)
         version = getattr(module, "__version__", None)
         if version is None:
             try:
@@ -85,8 +88,7 @@ def loaded() -> dict[str, Any]:
                 version = dist_version(dist)
             except Exception:  # no metadata: the path still says which one
                 version = None
-        out[key] = {"version": str(version) if version else None,
-                    "path": getattr(module, "__file__", None)}
+        out[key] = {"version": str(version) if version else None, "path": where}
     libs = _libraries()
     out["libnccl"] = {"path": libs["libnccl"]} if "libnccl" in libs else None
     out["libcublas"] = {"path": libs["libcublas"]} if "libcublas" in libs else None
@@ -108,6 +110,7 @@ class Worker:
         self.torch: Any = None
         self.torch_device: Any = None
         self.capability: list[int] = [0, 0]
+        self.device_sent = False
         self.cublas_job: Background | None = None
         self.nccl_job: Background | None = None
         self.ran_nccl4py = False
@@ -179,27 +182,27 @@ class Worker:
         assert self.device is not None
         if self.drv is not None:
             self.gpu = Gpu(self.drv, index=self.device, bus_id=self.bus_id)
-            facts = self.gpu.facts()
+            self._device_facts(self.gpu.facts())
         elif self.torch is not None:
-            try:
-                self.torch_device = _torch_device(self.torch, self.device, self.bus_id)
-            except engines.Unavailable:
-                return  # each step that needed torch on the GPU says so
-            p = self.torch.cuda.get_device_properties(self.torch_device)
-            facts = {"bus_id": f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:"
-                               f"{p.pci_device_id:02x}.0",
-                     "name": p.name, "capability": [p.major, p.minor],
-                     "sm_count": p.multi_processor_count, "bus_width_bits": None}
-        else:
-            return
-        self.capability = list(facts["capability"])
-        self.progress.send(wire.DEVICE, **facts)
+            with contextlib.suppress(engines.Unavailable):  # each step that needs it says so
+                self._torch_on_gpu()
+
+    def _device_facts(self, facts: dict[str, Any]) -> None:
+        if not self.device_sent:
+            self.device_sent = True
+            self.capability = list(facts["capability"])
+            self.progress.send(wire.DEVICE, **facts)
 
     def _torch_on_gpu(self) -> tuple[Any, Any]:
         if self.torch is None:
             self.torch = import_module("torch")
         if self.torch_device is None:
             self.torch_device = _torch_device(self.torch, int(self.device or 0), self.bus_id)
+            p = self.torch.cuda.get_device_properties(self.torch_device)
+            self._device_facts({"bus_id": f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:"
+                                          f"{p.pci_device_id:02x}.0",
+                                "name": p.name, "capability": [p.major, p.minor],
+                                "sm_count": p.multi_processor_count, "bus_width_bits": None})
         return self.torch, self.torch_device
 
     # --------------------------------------------------------------------------------- speed
@@ -215,8 +218,7 @@ class Worker:
                 raise engines.Unavailable("cuda.bindings did not import")
             return speed.CudaSpeed(self.gpu, self.cublas_job.join(), self.capability)
         torch, device = self._torch_on_gpu()
-        cap = list(torch.cuda.get_device_capability(device))
-        return speed.TorchSpeed(torch, device.index, cap)
+        return speed.TorchSpeed(torch, device.index, self.capability)
 
     def speed_step(self, plan: dict[str, Any]) -> None:
         from .speed import measure

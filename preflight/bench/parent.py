@@ -43,6 +43,7 @@ from preflight.bench.options import (
     WorldSpec,
     progress_order,
 )
+from preflight.bench.prestart import Prestarted
 from preflight.bench.relay import UID_KEY, UidFetch, publish_uid, uid_missing
 from preflight.bench.worker import wire
 from preflight.core import aborting
@@ -61,7 +62,8 @@ class WorkerRun:
     worker's failure (the records say what went wrong) and leaves no worker process behind."""
 
     def __init__(self, opts: RunOptions, *,
-                 on_progress: Callable[[str], None] | None = None) -> None:
+                 on_progress: Callable[[str], None] | None = None,
+                 prestarted: Prestarted | None = None) -> None:
         self.opts, self.on_progress = opts, on_progress
         self.started = time.monotonic()
         self.limits = opts.limits()
@@ -88,11 +90,14 @@ class WorkerRun:
         self.logs: list[Any] = []
         self.closed = False
         self.ended: float | None = None
+        #: started before the plan and not needed (told to exit; reaped with the others)
+        self.extra: list[WorkerState] = []
         # Until the workers are reaped: a signal that ends preflight while this runs in a
         # check's daemon thread (whose finally never runs then) kills them, removes their files.
         self.undo = aborting.register(self._abandon)
         try:
-            self._spawn()
+            adopted = self._adopt(prestarted) if prestarted is not None else 0
+            self._spawn(adopted)
         except BaseException:
             self._close(interrupted=True)
             raise
@@ -256,17 +261,41 @@ class WorkerRun:
                          shm_removed=self.shm_removed)
 
     # ------------------------------------------------------------------------ process life
-    def _spawn(self) -> None:
+    def _adopt(self, pre: Prestarted) -> int:
+        """Take over the workers started before the plan (each gets its plan now); how many."""
+        across = self.opts.allreduce is not None and self.opts.allreduce.world is not None
+        if across or not pre.fits(self.opts):
+            pre.release()
+            return 0
+        pre.taken = True
+        aborting.unregister(pre.undo)
+        shutil.rmtree(self.log_dir, ignore_errors=True)
+        self.log_dir, self.sel, self.logs = pre.log_dir, pre.sel, pre.logs
+        count = min(len(pre.workers), len(self.workers))
+        adopted = []
+        now = time.monotonic()
+        for mine, st in zip(self.workers[:count], pre.workers[:count], strict=True):
+            st.label, st.measures, st.reduces, st.bus_id = (mine.label, mine.measures,
+                                                            mine.reduces, mine.bus_id)
+            st.entered = now  # its start-up deadline counts from its plan
+            procs.write([st], wire.control_line(**{wire.PLAN: self.opts.plan(st.rank)}))
+            adopted.append(st)
+        self.workers = (*adopted, *self.workers[count:])
+        self.extra = pre.workers[count:]
+        procs.write(self.extra, wire.control_line(**{wire.PLAN: None}))
+        return count
+
+    def _spawn(self, adopted: int = 0) -> None:
         opts, ar = self.opts, self.opts.allreduce
-        env = procs.worker_env(opts)
+        env = procs.worker_env(opts.env, ar)
         if ar and ar.world is not None and ar.engine == "nccl4py" and ar.world.relay is None:
             self.failure = Failure("spawn", "the nccl4py engine across nodes needs the cluster "
                                    "store to carry its unique id; run --engine torch",
                                    tuple(st.rank for st in self.workers))
             return
-        for st in self.workers:
+        for st in self.workers[adopted:]:
             read_fd, write_fd = os.pipe()
-            argv = procs.argv_for(opts, st.rank, json.dumps(opts.plan(st.rank)), write_fd)
+            argv = procs.argv_for(opts.python, json.dumps(opts.plan(st.rank)), write_fd)
             st.spawned_wall = time.time()
             exc = procs.launch(st, argv, pipe=(read_fd, write_fd), env=env,
                                log_dir=self.log_dir, sel=self.sel, logs=self.logs)
@@ -282,7 +311,7 @@ class WorkerRun:
             self.fetch = UidFetch(w.relay, self.limits.start_s + (self.limits.init_s or 0.0))
 
     def _abandon(self) -> None:
-        procs.abandon(self.workers, self.log_dir, self.shm_before)
+        procs.abandon([*self.workers, *self.extra], self.log_dir, self.shm_before)
 
     def _close(self, *, interrupted: bool) -> None:
         if self.closed:
@@ -290,7 +319,7 @@ class WorkerRun:
         self.closed = True
         if self.fetch is not None:
             self.fetch.stop()
-        procs.close_run(self.workers, self.sel, self.logs)
+        procs.close_run([*self.workers, *self.extra], self.sel, self.logs)
         if self.shm_before is not None:
             # Every worker is reaped: what NCCL left in /dev/shm has no owner any more.
             self.shm_removed = leftovers.remove_orphans(self.shm_before)

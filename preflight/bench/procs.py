@@ -23,19 +23,19 @@ from pathlib import Path
 from typing import Any
 
 from preflight.bench import leftovers
-from preflight.bench.options import RunOptions, WorkerState
+from preflight.bench.options import BenchOptions, WorkerState
 from preflight.core import aborting
 
 #: The worker program (stdlib at import time; see :mod:`preflight.bench.worker`).
 WORKER_SCRIPT = Path(__file__).with_name("worker") / "start.py"
 
 
-def worker_env(opts: RunOptions) -> dict[str, str]:
-    """The job's environment, as the workers get it: nothing of preflight's own is added."""
-    env = dict(os.environ if opts.env is None else opts.env)
+def worker_env(job_env: Mapping[str, str] | None, ar: BenchOptions | None = None) -> dict[str, str]:
+    """The job's environment (``job_env``, else this process's), as the workers get it: nothing
+    of preflight's own is added."""
+    env = dict(os.environ if job_env is None else job_env)
     # With CUDA_VISIBLE_DEVICES unset, cuda:r is then NVML index r (docs/checks.md, cuda_devices).
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    ar = opts.allreduce
     if ar is not None and ar.backend == "gloo" and ar.world is None:
         # A local test: keep gloo on loopback even where the hostname resolves elsewhere.
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -74,10 +74,10 @@ def launch(st: WorkerState, argv: Sequence[str], *, pipe: tuple[int, int],
     return None
 
 
-def argv_for(opts: RunOptions, i: int, plan: str, progress_fd: int) -> list[str]:
+def argv_for(python: str, plan: str, progress_fd: int) -> list[str]:
     # Run as a script, not `-m`: it needs only the standard library and its engines, so it also
     # runs under the training environment's interpreter, which has no preflight.
-    return [opts.python, str(WORKER_SCRIPT), "--plan", plan, "--progress-fd", str(progress_fd),
+    return [python, str(WORKER_SCRIPT), "--plan", plan, "--progress-fd", str(progress_fd),
             "--parent-pid", str(os.getpid())]
 
 

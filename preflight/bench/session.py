@@ -9,7 +9,8 @@ GPU is measured, while the workers go on into the all-reduce. The ``allreduce`` 
 follows the same workers to their end. When they cannot share (another interpreter, a GPU to
 measure that is no rank) or the speed step ended the run (a worker stalled or died), the
 all-reduce starts workers of its own, as it does when it runs alone: its verdict never depends
-on the speed test's.
+on the speed test's. The speed test's workers may be started before NVML is read
+(:meth:`GpuTests.prestart`): their interpreter and the driver's initialisation overlap it.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ from __future__ import annotations
 import dataclasses
 import sys
 import threading
+from collections.abc import Mapping
+from pathlib import Path
 
 from preflight.bench.options import BenchOptions, RunOptions, RunRecord, SpeedOptions, SpeedRecord
-from preflight.bench.parent import WorkerRun, run_speed, run_workers
+from preflight.bench.parent import WorkerRun, run_workers
+from preflight.bench.prestart import Prestarted, prestart
 from preflight.core.context import Context
 
 
@@ -30,20 +34,38 @@ class GpuTests:
         self._lock = threading.Lock()
         self._allreduce: BenchOptions | None = None
         self._run: WorkerRun | None = None
+        self._early: Prestarted | None = None
 
     def expect_allreduce(self, opts: BenchOptions) -> None:
         with self._lock:
             self._allreduce = opts
+
+    def prestart(self, proc_gpus: str | Path, *, python: str,
+                 env: Mapping[str, str] | None) -> None:
+        """Start one worker per GPU the driver lists, before NVML says which GPUs to measure
+        (:mod:`preflight.bench.prestart`); the speed test adopts them."""
+        with self._lock:
+            if self._early is None and self._run is None:
+                self._early = prestart(proc_gpus, python=python, env=env)
+
+    def release(self) -> None:
+        """The speed test does not run after all: the workers started for it exit."""
+        with self._lock:
+            early, self._early = self._early, None
+        if early is not None:
+            early.release()
 
     def speed(self, opts: SpeedOptions) -> SpeedRecord:
         """Measure every GPU of ``opts``; with the all-reduce expected, in workers that run it
         next."""
         with self._lock:
             ar, self._allreduce = self._allreduce, None
+            early, self._early = self._early, None
             both = self._combine(opts, ar) if ar is not None else None
+            self._run = WorkerRun(both or RunOptions(speed=opts), prestarted=early)
             if both is None:
-                return run_speed(opts)
-            self._run = WorkerRun(both)
+                run, self._run = self._run, None
+                return run.speed()
             return self._run.speed()
 
     def allreduce(self, opts: BenchOptions) -> RunRecord:

@@ -36,6 +36,13 @@ def timeout_s(ctx: Context) -> float:
     return ctx.config.gpu_speed_timeout_s + DEADLINE_MARGIN_S
 
 
+def prepare(ctx: Context) -> None:
+    """Start the workers now: their start overlaps NVML and the all-reduce's planning."""
+    from preflight.gpuspeed import prestart
+
+    prestart(ctx)
+
+
 def run(ctx: Context) -> Result:
     from preflight.gpuspeed import run_speed
 

@@ -11,6 +11,7 @@ fixture), reads NVML again when a GPU is slow (why), and judges with
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 from preflight.core.context import Context
 from preflight.core.result import Status
@@ -40,9 +41,34 @@ def speed_probe(ctx: Context, *, debug: bool = False) -> SpeedProbe:
                             run=gpu_tests(ctx))
 
 
+def prestart(ctx: Context) -> None:
+    """Start the speed workers now, while NVML is read (their interpreter and the driver's own
+    initialisation, no GPU context: :mod:`preflight.bench.prestart`): gpu_speed's ``prepare``,
+    and ``preflight bench --gpu``."""
+    from preflight.bench.session import gpu_tests
+
+    if not ctx.env.get(FIXTURE_ENV):
+        gpu_tests(ctx).prestart(ctx.host_path("/proc/driver/nvidia/gpus"),
+                                python=ctx.config.python or sys.executable, env=ctx.env)
+
+
 def run_speed(ctx: Context, *, include_busy: bool, probe: SpeedProbe | None = None,
               visible_only: bool = True, debug: bool = False) -> SpeedVerdict:
     """Measure every GPU CUDA exposes (all NVML GPUs with ``visible_only=False``) and judge."""
+    from preflight.bench.session import gpu_tests
+
+    if probe is None:
+        prestart(ctx)
+    try:
+        verdict = _run_speed(ctx, include_busy=include_busy, probe=probe,
+                             visible_only=visible_only, debug=debug)
+    finally:
+        gpu_tests(ctx).release()  # what was started for a test that did not run
+    return verdict
+
+
+def _run_speed(ctx: Context, *, include_busy: bool, probe: SpeedProbe | None,
+               visible_only: bool, debug: bool) -> SpeedVerdict:
     from preflight.bench import visible_gpus
     from preflight.bench.gate import blocker
 
@@ -111,4 +137,4 @@ def render_table(verdict: SpeedVerdict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["SpeedVerdict", "render_table", "run_speed", "speed_probe"]
+__all__ = ["SpeedVerdict", "prestart", "render_table", "run_speed", "speed_probe"]

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -146,3 +148,42 @@ def test_a_cpu_only_torch_says_so_instead_of_failing_inside_torch() -> None:
         f"the GPU speed test needs torch, which {run.environment['python']} cannot use here: "
         f"torch {torch_version} cannot use the GPU (a CPU-only build)")
     assert "_cuda" not in run.failure.message and "Traceback" not in run.failure.message
+
+
+def _gpu_dirs(root: Path, count: int) -> Path:
+    gpus = root / "proc" / "driver" / "nvidia" / "gpus"
+    for i in range(count):
+        (gpus / f"0000:00:{6 + i:02x}.0").mkdir(parents=True)
+    return gpus
+
+
+def test_workers_started_before_nvml_answers_are_adopted_and_the_extra_one_exits(
+        tmp_path: Path) -> None:
+    """The driver lists 3 GPUs, 2 are measured: the 2 workers started while NVML was read do the
+    work (same processes), the third is told to exit; nothing is left."""
+    tests = GpuTests()
+    tests.prestart(_gpu_dirs(tmp_path, 3), python=sys.executable, env=None)
+    early = tests._early
+    assert early is not None and len(early.workers) == 3
+    pids = [st.pid for st in early.workers]
+    rec = tests.speed(_speed())
+    assert rec.failure is None
+    assert [st.pid for st in rec.workers] == pids[:2]
+    assert all(set(st.figures) == {"h2d", "d2h", "d2d", "gemm"} for st in rec.workers)
+    assert all(_gone(pid) for pid in pids)
+    assert not list(Path(early.log_dir).parent.glob(Path(early.log_dir).name))
+
+
+def test_workers_started_for_a_test_that_does_not_run_exit_at_once(tmp_path: Path) -> None:
+    tests = GpuTests()
+    tests.prestart(_gpu_dirs(tmp_path, 2), python=sys.executable, env=None)
+    early = tests._early
+    assert early is not None
+    pids = [st.pid for st in early.workers]
+    t0 = time.monotonic()
+    tests.release()
+    assert time.monotonic() - t0 < 10
+    assert all(_gone(pid) for pid in pids)
+    assert [st.proc.returncode for st in early.workers if st.proc] == [0, 0]  # exited, not killed
+    tests.prestart(tmp_path / "no-such-dir", python=sys.executable, env=None)
+    assert tests._early is None  # no driver listing: nothing started

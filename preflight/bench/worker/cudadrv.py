@@ -57,13 +57,15 @@ class Background:
         return self.result
 
 
-def early_init(index: int | None, bus_id: str | None) -> None:
+def early_init(index: int | None, bus_id: str | None, *, context: bool = True) -> None:
     """cuInit and the device's primary context through libcuda itself (ctypes: no import to wait
     for), so that the driver's initialisation (0.1-0.6 s) overlaps the imports; cuda.bindings and
-    torch then find both ready. Errors are left to the later calls, which name them."""
+    torch then find both ready. ``context=False``: cuInit alone, which creates no context and
+    takes no GPU memory (a worker started before the parent knows the GPUs are idle). Errors are
+    left to the later calls, which name them."""
     with contextlib.suppress(OSError, AttributeError):
         cuda = ctypes.CDLL("libcuda.so.1")
-        if cuda.cuInit(0) != 0:
+        if cuda.cuInit(0) != 0 or not context:
             return
         dev = ctypes.c_int()
         found = (cuda.cuDeviceGetByPCIBusId(ctypes.byref(dev), bus_id.encode()) if bus_id

@@ -127,7 +127,26 @@ class Worker:
                            python=sys.executable)
 
     # ------------------------------------------------------------------------------ start-up
+    def pending(self) -> bool:
+        """A worker started before its plan was known (``{"pending": S}``): the interpreter, the
+        driver's own initialisation (cuInit: no context, no GPU memory) and cuda-bindings' import
+        happen while the parent reads NVML; then the plan comes on stdin (``plan``), or null
+        (not needed: exit). False when released."""
+        self.enter(wire.START, "imports")
+        self.pre_init = Background(lambda: early_init(None, None, context=False), "cuda-init")
+        with contextlib.suppress(ImportError):
+            self.drv = Driver(import_module("cuda.bindings.driver"))
+        plan = self.control.get(wire.PLAN, float(self.plan["pending"]))
+        if not isinstance(plan, dict):
+            return False
+        self.plan = plan
+        self.device, self.bus_id = plan.get("device"), plan.get("bus_id")
+        return True
+
     def run(self) -> None:
+        if self.plan.get("pending") and not self.pending():
+            self.progress.send(wire.DONE)
+            return
         speed, ar = self.plan.get("speed"), self.plan.get("allreduce")
         found = engines.facts(libnccl=False)
         self.speed_try = engines.choose("speed", speed["engine"], found) if speed else ()
@@ -145,11 +164,11 @@ class Worker:
         self.enter(wire.START, "imports")
         early = (Background(lambda: early_init(self.device, self.bus_id), "cuda-init")
                  if on_gpu else None)
-        if on_gpu and first & {"cuda", "nccl4py"}:
-            try:
+        if on_gpu and first & {"cuda", "nccl4py"} and self.drv is None:
+            with contextlib.suppress(ImportError):  # else its engines are unavailable here
                 self.drv = Driver(import_module("cuda.bindings.driver"))
-            except ImportError:
-                self.drv = None  # its engines are unavailable; the next choice is tried
+        if not on_gpu:
+            self.drv = None
         if "cuda" in first and speed and self.drv is not None:
             from .speed import Cublas
 

@@ -6,8 +6,9 @@ thread adds ``hb`` every :data:`HEARTBEAT_S` so the parent tells a frozen worker
 SIGSTOP, a driver call holding the GIL) from one waiting for a peer. stdout and stderr are left
 to NCCL_DEBUG and tracebacks (a log file per worker).
 
-Parent -> worker: JSON lines on the worker's stdin (:data:`GO`, :data:`PORT`, :data:`UID`), read
-with :class:`Control`; end of file releases the worker (every rank is done, it may exit).
+Parent -> worker: JSON lines on the worker's stdin (:data:`PLAN`, :data:`GO`, :data:`PORT`,
+:data:`UID`), read with :class:`Control`; end of file releases the worker (every rank is done,
+it may exit).
 
 A worker never outlives its parent: PR_SET_PDEATHSIG (even while stopped) and the heartbeat
 thread's orphan test (:func:`die_with_parent`, :func:`start_heartbeat`).
@@ -62,6 +63,8 @@ ERROR = "error"
 GO = "go"
 PORT = "port"
 UID = "uid"
+#: A worker started before its plan was known gets it (or null: not needed, exit).
+PLAN = "plan"
 
 # ------------------------------------------------------------------------------- steps, phases
 START, SPEED, ALLREDUCE = "start", "speed", "allreduce"

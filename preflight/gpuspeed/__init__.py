@@ -47,7 +47,7 @@ def prestart(ctx: Context) -> None:
     and ``preflight bench --gpu``."""
     from preflight.bench.session import gpu_tests
 
-    if not ctx.env.get(FIXTURE_ENV):
+    if ctx.config.gpu_prestart and not ctx.env.get(FIXTURE_ENV):
         gpu_tests(ctx).prestart(ctx.host_path("/proc/driver/nvidia/gpus"),
                                 python=ctx.config.python or sys.executable, env=ctx.env)
 

@@ -49,12 +49,18 @@ sec "2. the CLI alone, and the node checks (the part of check that is no GPU tes
 for i in 1 2 3; do timed "version-$i" "${P[@]}" --version; done
 for i in 1 2 3; do timed "check-no-bandwidth-$i" "${P[@]}" check --no-bandwidth --json; done
 
-sec "3. bench --gpu x5 (target <= 0.9 s), then the table"
-for i in 1 2 3 4 5; do timed "bench-gpu-$i" "${P[@]}" bench --gpu --json; done
+sec "3. bench --gpu x5 (target <= 0.9 s), each beside one without the early start (gpu_prestart=false)"
+for i in 1 2 3 4 5; do
+  timed "bench-gpu-$i" "${P[@]}" bench --gpu --json
+  timed "bench-gpu-noprestart-$i" env PREFLIGHT_GPU_PRESTART=false "${P[@]}" bench --gpu --json
+done
 run "${P[@]}" bench --gpu
 
-sec "4. the whole default check x5 (target <= 1.0 s; allreduce SKIPs on one GPU)"
-for i in 1 2 3 4 5; do timed "check-$i" "${P[@]}" check --json; done
+sec "4. the whole default check x5 (target <= 1.0 s; allreduce SKIPs on one GPU), and without the early start"
+for i in 1 2 3 4 5; do
+  timed "check-$i" "${P[@]}" check --json
+  timed "check-noprestart-$i" env PREFLIGHT_GPU_PRESTART=false "${P[@]}" check --json
+done
 run "${P[@]}" check
 left "check"
 

@@ -187,3 +187,19 @@ def test_workers_started_for_a_test_that_does_not_run_exit_at_once(tmp_path: Pat
     assert [st.proc.returncode for st in early.workers if st.proc] == [0, 0]  # exited, not killed
     tests.prestart(tmp_path / "no-such-dir", python=sys.executable, env=None)
     assert tests._early is None  # no driver listing: nothing started
+
+
+def test_the_early_start_is_a_config_key(tmp_path: Path, make_ctx) -> None:  # type: ignore[no-untyped-def]
+    from preflight.bench.session import gpu_tests
+    from preflight.gpuspeed import prestart
+
+    _gpu_dirs(tmp_path, 1)
+    off = make_ctx(root=str(tmp_path), gpu_prestart=False)
+    prestart(off)
+    assert gpu_tests(off)._early is None
+    on = make_ctx(root=str(tmp_path))
+    prestart(on)
+    early = gpu_tests(on)._early
+    assert early is not None and len(early.workers) == 1
+    gpu_tests(on).release()
+    assert all(_gone(st.pid) for st in early.workers)

@@ -238,11 +238,13 @@ class RunOptions:
 
 
 #: Phase durations of the all-reduce's record, in the order they happen (``bench --json``
-#: ``phase_times_s``; ``speed`` only when the speed step ran first in the same workers).
-PHASE_TIMES = ("interpreter", "imports", "cuda_context", "speed", "nccl_init", "allocation",
-               "warmup", "sweep", "teardown")
+#: ``phase_times_s``; ``waiting`` only for a worker started before its plan, ``speed`` only when
+#: the speed step ran first in the same workers).
+PHASE_TIMES = ("interpreter", "imports", "waiting", "cuda_context", "speed", "nccl_init",
+               "allocation", "warmup", "sweep", "teardown")
 #: Phase durations of the speed record (``bench --gpu --json`` ``gpus[].phase_s``).
-SPEED_TIMES = ("interpreter", "imports", "cuda_context", "setup", *wire.SPEED_KINDS, "close")
+SPEED_TIMES = ("interpreter", "imports", "waiting", "cuda_context", "setup", *wire.SPEED_KINDS,
+               "close")
 PHASE_WORDS = {"spawn": "spawn", "imports": "import", "context": "CUDA context creation",
                "warmup": "warm-up"}
 _DONE_ORDER = 1 << 30

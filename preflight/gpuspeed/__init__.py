@@ -120,7 +120,7 @@ def render_table(verdict: SpeedVerdict) -> str:
             mark = "*" if f in v.slow else "!" if f in v.below else " "
             cells.append(f"{f'{f.value:,.1f} ({frac}){mark}':>22}")
         ph = v.phase_s
-        start = sum(ph.get(k, 0.0) for k in ("interpreter", "imports", "cuda_context"))
+        start = sum(ph.get(k, 0.0) for k in ("interpreter", "imports", "waiting", "cuda_context"))
         measure = sum(ph.get(k, 0.0) for k in KINDS)
         lines.append(f"{v.gpu.index:<4} {v.gpu.pci_bus_id:<13} " + " ".join(cells) +
                      f"  {start:.2f}/{ph.get('setup', 0.0):.2f}/{measure:.2f}")

@@ -136,7 +136,9 @@ class Worker:
         self.pre_init = Background(lambda: early_init(None, None, context=False), "cuda-init")
         with contextlib.suppress(ImportError):
             self.drv = Driver(import_module("cuda.bindings.driver"))
+        self.clock.lap("imports")
         plan = self.control.get(wire.PLAN, float(self.plan["pending"]))
+        self.clock.lap("waiting")
         if not isinstance(plan, dict):
             return False
         self.plan = plan

@@ -320,7 +320,8 @@ def judge(record: RunRecord, *, gpus: Sequence[Gpu] = (),
         return BenchResult(**base, **extra, status=Status.WARN, reason="BusbwUnjudged",
                            message=f"{at}; {expected} at >= {fmt_bytes(method.REFERENCE_MIN_BYTES)}"
                                    f"; the largest size was too small to judge{link_text}.",
-                           remedy="Rerun with --max-bytes 1G (or more) to judge the node.")
+                           remedy="Judge it at 1 GiB or more: preflight bench --max-bytes 1G, "
+                                  "or bench_max_bytes (config) for the allreduce check.")
     return BenchResult(**base, **extra, status=Status.FAIL, reason="BusbwLow",
                        message=f"{at}; {expected}{link_text}.{nccl_text}", remedy=REMEDY_SLOW)
 

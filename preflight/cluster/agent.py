@@ -9,11 +9,9 @@ Every node ends on the verdict node 0 published, so all print the same and exit 
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import socket
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -21,13 +19,14 @@ from typing import Any
 
 from preflight.bench import visible_gpus
 from preflight.bench.parent import BenchOptions, WorldSpec, run_workers
+from preflight.bench.procs import interpreter_facts
 from preflight.bench.verdict import judge
+from preflight.bench.worker import engines, wire
 from preflight.checks import CHECKS, GPU_LOAD_CHECKS, master_port
 from preflight.cluster import localise, parity
 from preflight.cluster.options import ClusterOptions, ClusterUsageError
 from preflight.cluster.store import GroupRelay, MasterLost, Rendezvous
 from preflight.core.context import Context
-from preflight.core.procgroup import GroupTimeout, run_in_group
 from preflight.core.result import SCHEMA_VERSION, ExitCode, Status, exit_code, worst
 from preflight.core.runner import run_checks, select
 from preflight.probes.net import probe_interfaces, resolve_host, route_source
@@ -38,8 +37,6 @@ log = logging.getLogger(__name__)
 SLACK_S = 5.0
 #: After the verdict, node 0 keeps the store up this long for the others to read it.
 LINGER_S = 5.0
-ITERS = {"nccl": 20, "gloo": 3}
-WARMUP = {"nccl": 5, "gloo": 1}
 
 
 @dataclass(frozen=True)
@@ -58,20 +55,11 @@ class RunSettings:
     engine: str = "auto"
 
 
-#: Whether an interpreter can import the nccl4py engine's packages (the bench worker's test).
-_HAS_NCCL4PY = ("import importlib.util as u, sys; "
-                "sys.exit(0 if all(u.find_spec(m) for m in ('nccl', 'cuda')) else 1)")
-
-
 def has_nccl4py(python: str) -> bool | None:
-    """Whether the workers' interpreter can import nccl4py (nccl.bindings, cuda.bindings); None
-    when it could not be asked within 10 s."""
-    if python == sys.executable:
-        return all(importlib.util.find_spec(m) is not None for m in ("nccl", "cuda"))
-    try:
-        return run_in_group([python, "-c", _HAS_NCCL4PY], timeout_s=10.0).returncode == 0
-    except (OSError, GroupTimeout):
-        return None
+    """Whether the workers' interpreter can import nccl4py (the GPU workers' own engine choice,
+    :mod:`preflight.bench.worker.engines`); None when it could not be asked within 10 s."""
+    found = interpreter_facts(python)
+    return None if found is None else engines.has(found, "nccl4py")
 
 
 def choose_engine(requested: str, backend: str, nccl4py: Mapping[int, bool | None]) -> str:
@@ -147,9 +135,10 @@ def run_group(ctx: Context, opts: ClusterOptions, settings: RunSettings, *,
         relay=relay)
     labels = tuple(f"node {me} CPU {i}" if settings.backend == "gloo" else f"node {me} cuda:{i}"
                    for i in range(settings.nproc))
+    warmup, iters = wire.ITERATIONS[settings.backend]
     bench = BenchOptions(backend=settings.backend, nproc=settings.nproc,
                          sizes=(settings.size_bytes,), timeout_s=settings.bench_timeout_s,
-                         iters=ITERS[settings.backend], warmup=WARMUP[settings.backend],
+                         iters=iters, warmup=warmup,
                          labels=labels, env=env, python=settings.python, world=spec,
                          engine=engine)
     record = run_workers(bench)

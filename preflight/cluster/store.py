@@ -175,7 +175,7 @@ class Rendezvous:
 
 
 class GroupRelay:
-    """The bench parent's :class:`preflight.bench.parent.StoreRelay` over this store, scoped to one
+    """The bench parent's :class:`preflight.bench.options.StoreRelay` over this store, scoped to one
     all-reduce group's keys (``prefix``, e.g. ``s3/g0/``): carries the nccl4py engine's unique id
     from the group's first node to the others (docs/cluster.md)."""
 

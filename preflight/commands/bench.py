@@ -69,11 +69,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="busbw floor in GB/s at the largest size (default: min_busbw_gbps, else "
                         "the built-in table: FAIL below 0.9 x expected)")
     p.add_argument("--timeout", type=float, metavar="S",
-                   help="deadline of the whole run in seconds (default: bench_timeout_s, 120; with "
-                        "--gpu gpu_speed_timeout_s, 30)")
+                   help="deadline of the whole run in seconds (default bench_timeout_s, 120; "
+                        "with --gpu gpu_speed_timeout_s, 30)")
     p.add_argument("--python", metavar="PATH",
-                   help="interpreter whose torch/NCCL the workers use: the training environment "
-                        "(default: config key python, else the one running preflight)")
+                   help="interpreter whose torch/NCCL the workers use: the training environment, "
+                        "of which they import nothing but their engines; the JSON's environment "
+                        "says what they loaded, from where (default: config key python, else the "
+                        "one running preflight)")
     p.add_argument("--engine", choices=("auto", "torch", "nccl4py"),
                    help="what the workers run (default bench_engine, auto): nccl4py (NVIDIA's "
                         "NCCL bindings, no torch: the fast path) when the interpreter has it, "
@@ -88,8 +90,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         " + cuBLAS, else torch; cpu is a plumbing test)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--debug", action="store_true",
-                   help="run the workers with NCCL_DEBUG=INFO, keep their output in a directory "
-                        "(path printed) and summarise what NCCL chose")
+                   help="keep the workers' output in a directory (path printed); for the "
+                        "all-reduce, run them with NCCL_DEBUG=INFO and summarise what NCCL chose")
     add_config_options(p)
     p.set_defaults(func=run)
 
@@ -99,7 +101,10 @@ def run_gpu(args: argparse.Namespace) -> int:
 
     ctx = build_context(args, {"gpu_speed_timeout_s": args.timeout, "python": args.python,
                                "gpu_speed_engine": args.gpu_engine})
-    verdict = run_speed(ctx, include_busy=True)
+    verdict = run_speed(ctx, include_busy=True, debug=args.debug)
+    kept = verdict.extra.get("debug_log")
+    if kept:
+        print(f"preflight bench: worker output kept in {kept}", file=sys.stderr)
     emit(as_json=args.json, data=verdict.to_json, text=lambda: render_table(verdict))
     return int(exit_code(verdict.status))
 

@@ -112,6 +112,9 @@ class Config:
     gpu_speed_timeout_s: float = 30.0
     #: gpu_speed worker engine: auto (cuda, else torch), cuda, torch, cpu (plumbing test).
     gpu_speed_engine: str = "auto"
+    #: Start the GPU workers while NVML is read (interpreter, imports, cuInit: no CUDA context,
+    #: no GPU memory); False: only once NVML says the GPUs are idle.
+    gpu_prestart: bool = True
     #: Treat the job as multi-node even when WORLD_SIZE does not say so.
     multi_node: bool = False
     #: On non-master nodes, try a TCP connect to MASTER_ADDR:MASTER_PORT.

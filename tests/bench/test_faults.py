@@ -13,15 +13,11 @@ from collections.abc import Callable
 import psutil
 import pytest
 
-from preflight.bench.parent import (
-    WORKER_SCRIPT,
-    BenchOptions,
-    Deadlines,
-    RunRecord,
-    run_workers,
-)
+from preflight.bench.options import BenchOptions, Deadlines, RunRecord
+from preflight.bench.parent import run_workers
 from preflight.bench.verdict import judge
 from preflight.core.result import Status
+from tests.bench.workers import rank as worker_of_rank
 
 SIZES = (1 << 20, 2 << 20, 4 << 20)
 
@@ -33,14 +29,7 @@ def _opts(nproc: int = 2, timeout_s: float = 16.0, **env: str) -> BenchOptions:
 
 def _worker(rank: int) -> psutil.Process | None:
     """The bench worker of ``rank`` among this process's children (the bench parent is us)."""
-    for child in psutil.Process().children(recursive=True):
-        try:
-            cmd = child.cmdline()
-        except psutil.Error:
-            continue
-        if str(WORKER_SCRIPT) in cmd and cmd[cmd.index("--rank") + 1] == str(rank):
-            return child
-    return None
+    return worker_of_rank(None, rank)
 
 
 def _run_with_fault(opts: BenchOptions, when: str, fault: Callable[[psutil.Process], None]

@@ -17,13 +17,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from preflight.bench.worker import __file__ as BENCH_WORKER
+from preflight.bench.procs import WORKER_SCRIPT
+from preflight.bench.worker.wire import STALL_ENV
 from preflight.core import aborting
 from preflight.core.procgroup import run_in_group
-from preflight.gpuspeed.worker import STALL_ENV
-from preflight.gpuspeed.worker import __file__ as SPEED_WORKER
 from tests.gpuspeed.nodes import node
 from tests.helpers import REPO, write_fixture
+
+#: One worker program runs both GPU tests.
+BENCH_WORKER = SPEED_WORKER = str(WORKER_SCRIPT)
 
 
 def _workers(script: str) -> list[psutil.Process]:

@@ -370,6 +370,9 @@ class NodeStatus:
         if not (changed or due):
             self._succeeded()
             return
+        if not (want.marked and transition) and self._state.guard_holding:
+            with self._lock:
+                self._state.guard_holding = False  # nothing to withhold any more
         if want.marked and transition:
             if self._state.guard_holding and self._guard_at is not None and \
                     self._clock() < self._guard_at + self.guard_recheck_s:
@@ -525,8 +528,8 @@ class NodeStatus:
                        f"{want.message}")
             reason, kind = want.reason, "Warning"
         else:
-            message = (f"{CONDITION_TYPE}=False after {self._h.pass_runs} healthy runs; "
-                       "preflight removed what it set")
+            message = (f"{CONDITION_TYPE}=False after {self._h.pass_runs} healthy runs"
+                       + (f"; taint {MARK_KEY}:{TAINT_EFFECT} removed" if self.taint else ""))
             reason, kind = HEALTHY_REASON, "Normal"
         try:
             self._post_event(reason, kind, message)

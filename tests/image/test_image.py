@@ -273,17 +273,23 @@ def test_full_target_installs_the_engine_the_build_args_choose(image: Image) -> 
     assert config["User"] == "65532:65532" and config["Entrypoint"] == ["preflight"]
 
 
-def test_the_image_pins_every_runtime_dependency_within_its_bounds() -> None:
-    """deploy/image/requirements-node.txt: one exact version per dependency of pyproject.toml
-    (those whose marker holds on the image's python), each inside pyproject's bound."""
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+def exact_pins(path: Path) -> dict[str, str]:
+    """``{name: version}`` of a requirements file in which every line pins one exact version."""
     pins = {}
-    for line in (REPO / "deploy" / "image" / "requirements-node.txt").read_text().splitlines():
+    for line in path.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             req = Requirement(line)
             (spec,) = req.specifier
             assert spec.operator == "==", f"{line}: pin an exact version"
             pins[req.name.lower()] = spec.version
+    return pins
+
+
+def test_the_image_pins_every_runtime_dependency_within_its_bounds() -> None:
+    """deploy/image/requirements-node.txt: one exact version per dependency of pyproject.toml
+    (those whose marker holds on the image's python), each inside pyproject's bound."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pins = exact_pins(REPO / "deploy" / "image" / "requirements-node.txt")
     for dep in map(Requirement, project["dependencies"]):
         if dep.marker is not None and not dep.marker.evaluate({"python_version": "3.11"}):
             continue
@@ -389,13 +395,7 @@ def test_the_nccl_image_pins_the_engine_within_its_bounds() -> None:
     """deploy/image/requirements-nccl.txt: exact versions, inside pyproject's nccl4py and
     gpuspeed extras."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    pins = {}
-    for line in (REPO / "deploy" / "image" / "requirements-nccl.txt").read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            req = Requirement(line)
-            (spec,) = req.specifier
-            assert spec.operator == "==", f"{line}: pin an exact version"
-            pins[req.name.lower()] = spec.version
+    pins = exact_pins(REPO / "deploy" / "image" / "requirements-nccl.txt")
     extras = project["optional-dependencies"]
     for dep in map(Requirement, [*extras["nccl4py"], *extras["gpuspeed"]]):
         assert dep.name.lower() in pins, f"{dep.name} is not pinned for the nccl image"

@@ -63,11 +63,12 @@ def test_the_plugin_config_is_what_npd_reads() -> None:
     (cond,) = config["conditions"]
     (rule,) = config["rules"]
     assert rule["type"] == "permanent" and rule["condition"] == cond["type"]
-    # the same condition type the daemon writes: a NodeReadinessRule or a NodeHealthCheck
-    # written for one works with the other
+    # a type of its own: the daemon never overwrites a condition it did not set, and the two
+    # writers can run side by side
     from preflight.daemon.kube import CONDITION_TYPE, HEALTHY_REASON
 
-    assert cond["type"] == CONDITION_TYPE and cond["reason"] == HEALTHY_REASON
+    assert cond["type"] == "PreflightCheckFailed" != CONDITION_TYPE
+    assert cond["reason"] == HEALTHY_REASON
     # the run's own deadlines end well inside the plugin's timeout (10 s per check + start-up)
     assert seconds(rule["timeout"]) >= 30
 

@@ -157,8 +157,8 @@ def test_condition_set_after_the_threshold_and_cleared_after_the_passes(
     feed(ns, server, HEALTHY)
     assert condition(server)["status"] == "True", "one healthy run is below kube_pass_runs 2"
     feed(ns, server, HEALTHY)
-    cond = wait_for(lambda: (c := condition(server)) and c["status"] == "False" and c,
-                    "the condition to clear")
+    wait_for(lambda: len(server.events) == 2, "the clear (its event is the last step)")
+    cond = condition(server)
     assert cond["reason"] == "PreflightPassed"
     assert cond["lastTransitionTime"] >= set_at
     # the other conditions are untouched (merged by type), and one Event per transition
@@ -234,8 +234,9 @@ def test_the_taint_is_added_and_removed_leaving_other_taints_and_the_cordon(
     server.nodes[NODE]["spec"]["taints"].insert(0, {"key": "example.com/maintenance",
                                                     "effect": "NoExecute"})
     feed(ns, server, HEALTHY)
-    node = wait_for(lambda: (n := server.node(NODE)) and MARK_KEY not in n["metadata"]["labels"]
-                    and n, "the mark removed")
+    wait_for(lambda: len(server.events) == 2, "the clear (its event is the last step)")
+    node = server.node(NODE)
+    assert MARK_KEY not in node["metadata"]["labels"]
     assert node["spec"]["taints"] == [{"key": "example.com/maintenance", "effect": "NoExecute"},
                                       OTHER_TAINT]
     assert node["spec"]["unschedulable"] is True, "the cordon is not ours to lift"
@@ -326,7 +327,8 @@ def test_a_restarted_daemon_keeps_the_mark_until_the_passes(cluster: Cluster,
     assert cond["status"] == "True", "two healthy runs after a restart do not clear it"
     assert cond["lastTransitionTime"] == "2026-12-01T00:00:00Z", "the transition time is kept"
     feed(ns, server, HEALTHY)
-    wait_for(lambda: condition(server)["status"] == "False", "the clear")
+    wait_for(lambda: server.events, "the clear's event")
+    assert condition(server)["status"] == "False"
     assert [e["reason"] for e in server.events] == ["PreflightPassed"]
 
 

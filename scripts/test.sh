@@ -36,6 +36,8 @@ if ! ((fast)); then
   command -v buildah >/dev/null || need+=(buildah)
   command -v debootstrap >/dev/null || need+=(debootstrap)
   [ -f /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
+  # The test Kubernetes API server's certificates (tests/kube).
+  command -v openssl >/dev/null || need+=(openssl)
   if ((${#need[@]})); then
     if [ "$(id -u)" = 0 ]; then
       echo "test.sh: installing ${need[*]}" >&2

@@ -8,8 +8,26 @@ import sys
 from preflight.checks import CHECKS, GPU_LOAD_CHECKS
 from preflight.checks.site import site_checks
 from preflight.cli import Formatter, add_config_options, build_context, emit_report, report_exit
-from preflight.core.result import ExitCode
+from preflight.core.result import ExitCode, Report, Status
 from preflight.core.runner import SelectionError, run_checks, select
+from preflight.core.textsafe import escape
+
+#: node-problem-detector keeps the first 80 characters of a plugin's output (max_output_length).
+SUMMARY_CHARS = 80
+
+
+def summary_line(report: Report, limit: int = SUMMARY_CHARS) -> str:
+    """One line of at most ``limit`` characters: the verdict and the checks that made it,
+    ``preflight FAIL: gpu_visible GpuLost, shm ShmTooSmall`` (worst first, as they ran)."""
+    status = report.status
+    if status in (Status.PASS, Status.SKIP):
+        counted = sum(1 for r in report.results if r.status is Status.PASS)
+        text = (f"preflight PASS: {counted} checks pass" if status is Status.PASS
+                else "preflight SKIP: no check applied")
+    else:
+        names = ", ".join(f"{r.check} {r.reason}" for r in report.results if r.status is status)
+        text = f"preflight {status.name}: {names}"
+    return escape(text, limit)
 
 
 def _names(text: str) -> list[str]:
@@ -26,7 +44,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                     "adds (preflight docs site-checks).",
         epilog="exit codes: 0 ok or warnings, 1 a check failed, 2 usage/config error, "
                "3 a check errored or timed out")
-    p.add_argument("--json", action="store_true", help="print the JSON report instead of a table")
+    form = p.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true",
+                      help="print the JSON report instead of a table")
+    form.add_argument("--summary", action="store_true",
+                      help=f"print one line of at most {SUMMARY_CHARS} characters instead of a "
+                           "table, e.g. 'preflight FAIL: gpu_visible GpuLost' (for "
+                           "node-problem-detector's custom plugins, which keep 80)")
     p.add_argument("--only", type=_names, default=[], metavar="A,B",
                    help="run only these checks")
     p.add_argument("--skip", type=_names, default=[], metavar="A,B", help="do not run these checks")
@@ -80,5 +104,8 @@ def run(args: argparse.Namespace) -> int:
         from preflight.outputs.prom import write_textfile
 
         write_textfile(report, args.prom_file)
-    emit_report(report, as_json=args.json)
+    if args.summary:
+        print(summary_line(report))
+    else:
+        emit_report(report, as_json=args.json)
     return report_exit(report, strict=args.strict)

@@ -135,6 +135,24 @@ class Config:
     #: Checks the site adds: executables with a deadline (docs/site-checks.md); file only.
     site_checks: tuple[SiteCheck, ...] = ()
 
+    # Kubernetes node status, daemon only (docs/kubernetes.md, "Telling the scheduler").
+    #: Daemon: write the condition PreflightFailed on its own Node (named by NODE_NAME).
+    kube_node_status: bool = False
+    #: Daemon: node runs in a row with a node fault before the condition turns True.
+    kube_fail_runs: int = 3
+    #: Daemon: healthy node runs in a row before a True condition turns False again.
+    kube_pass_runs: int = 5
+    #: Daemon: also taint the node cluster-preflight/node-fault:NoSchedule while it is True.
+    kube_node_taint: bool = False
+    #: Daemon: no new mark while more than this fraction of the compared nodes carry one; 1 = off.
+    kube_max_marked_fraction: float = 0.1
+    #: Daemon: label selector of the nodes the guard compares with ("" = every node).
+    kube_guard_selector: str = ""
+    #: Daemon: seconds between two writes of an unchanged condition (its heartbeat).
+    kube_heartbeat_s: float = 300.0
+    #: Daemon: deadline of one Kubernetes API request, seconds.
+    kube_timeout_s: float = 10.0
+
     def replace(self, **changes: Any) -> Config:
         return validate(dataclasses.replace(self, **changes), source="arguments")
 
@@ -316,6 +334,11 @@ RANGES: dict[str, tuple[float, float]] = {
     "xid_since_s": (0.001, 10 * 365 * _DAY_S),
     "fabric_expected_rate_gbps": (0.001, 100_000.0),
     "fabric_counter_interval_s": (0, 5.0),
+    "kube_fail_runs": (1, 1000),
+    "kube_pass_runs": (1, 1000),
+    "kube_max_marked_fraction": (0, 1.0),
+    "kube_heartbeat_s": (10.0, _DAY_S),
+    "kube_timeout_s": (0.1, 300.0),
 }
 #: Longest string or list a config value may be (a path, a package list).
 _MAX_TEXT_CHARS = 4096
@@ -357,6 +380,8 @@ def validate(config: Config, *, source: str) -> Config:
          "one of auto, torch, nccl4py")
     need(config.gpu_speed_engine in ("auto", "cuda", "torch", "cpu"), "gpu_speed_engine",
          "auto, cuda, torch or cpu")
+    need(config.kube_guard_selector.isascii() and config.kube_guard_selector.isprintable(),
+         "kube_guard_selector", "a label selector in printable ASCII")
     port = _listen_port(config.listen)
     need(port is not None and port <= 65535, "listen", "HOST:PORT with a port in 0..65535")
     need(len(config.site_checks) <= MAX_TABLES, "site_checks", f"at most {MAX_TABLES} entries")

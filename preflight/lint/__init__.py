@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 
 from preflight.core.textsafe import escape
-from preflight.lint.analysis import Finding, Module
+from preflight.lint.analysis import LintFinding, Module
 from preflight.lint.checks import CHECKS, NEEDS, Check, checks_for
 from preflight.lint.rules import RULES, RULES_BY_ID, Rule, Severity
 
@@ -51,7 +51,7 @@ class FileResult:
     """The findings of one file, or why it could not be linted (``error``)."""
 
     path: str
-    findings: tuple[Finding, ...] = ()
+    findings: tuple[LintFinding, ...] = ()
     error: str | None = None
 
 
@@ -106,7 +106,7 @@ def noqa_codes(line: str) -> frozenset[str] | None:
     return frozenset(c.upper() for c in re.split(r"[,\s]+", codes) if c)
 
 
-def _suppressed(finding: Finding, lines: Sequence[str]) -> bool:
+def _suppressed(finding: LintFinding, lines: Sequence[str]) -> bool:
     if not 1 <= finding.line <= len(lines):
         return False
     codes = noqa_codes(lines[finding.line - 1])
@@ -115,13 +115,13 @@ def _suppressed(finding: Finding, lines: Sequence[str]) -> bool:
     return not codes or any(finding.rule.startswith(code) for code in codes)
 
 
-def analyse(tree: ast.Module, checks: Sequence[Check] = CHECKS) -> list[Finding]:
+def analyse(tree: ast.Module, checks: Sequence[Check] = CHECKS) -> list[LintFinding]:
     """Every finding of the rules (``checks``, all by default) on a parsed module, sorted, one
     per rule and line."""
     if not checks:
         return []
     module = Module(tree)
-    found: dict[tuple[str, int], Finding] = {}
+    found: dict[tuple[str, int], LintFinding] = {}
     for check in checks:
         try:
             for finding in check(module):
@@ -151,7 +151,7 @@ def gate_text(source: bytes | str) -> bytes | str:
 
 
 def _findings(source: bytes | str, path: str, checks: Sequence[Check], sure_only: bool) \
-        -> list[Finding]:
+        -> list[LintFinding]:
     tree = _parse(source, path)
     try:
         findings = analyse(tree, checks)
@@ -166,7 +166,7 @@ def _findings(source: bytes | str, path: str, checks: Sequence[Check], sure_only
 
 
 def lint_source(source: bytes | str, path: str = "<stdin>", *, sure_only: bool = False) \
-        -> list[Finding]:
+        -> list[LintFinding]:
     """The findings in one file's contents. Raises :class:`LintError` when it is not Python
     (the file is always parsed; only the rules whose words it holds are run)."""
     return _findings(source, path, checks_for(gate_text(source)), sure_only)
@@ -301,8 +301,8 @@ __all__ = [
     "RULES",
     "RULES_BY_ID",
     "FileResult",
-    "Finding",
     "LintError",
+    "LintFinding",
     "Rule",
     "Severity",
     "Summary",

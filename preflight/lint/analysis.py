@@ -52,8 +52,9 @@ Loop = ast.For | ast.AsyncFor | ast.While
 
 
 @dataclass(frozen=True, slots=True)
-class Finding:
-    """One mistake at ``line``:``col`` (both 1-based, as flake8 prints them)."""
+class LintFinding:
+    """One mistake in a script at ``line``:``col`` (both 1-based, as flake8 prints them); not
+    the node checks' :class:`preflight.core.result.Finding`."""
 
     rule: str
     line: int
@@ -619,5 +620,5 @@ def iter_nodes(node: ast.AST, kinds: type | tuple[type, ...]) -> Iterable[ast.AS
     return (n for n in ast.walk(node) if isinstance(n, kinds))
 
 
-__all__ = ["DISTRIBUTED_CALLS", "GLOBAL", "LOCAL", "LOCAL_SIZE", "Finding", "Module", "iter_nodes",
-           "key_of", "mentions"]
+__all__ = ["DISTRIBUTED_CALLS", "GLOBAL", "LOCAL", "LOCAL_SIZE", "LintFinding", "Module",
+           "iter_nodes", "key_of", "mentions"]

@@ -15,7 +15,7 @@ from preflight.lint.analysis import (
     LOCAL,
     LOCAL_SIZE,
     RANK_LIKE_VARS,
-    Finding,
+    LintFinding,
     Module,
     _argument,
     _is_eval_name,
@@ -28,9 +28,9 @@ from preflight.lint.rules import Severity
 _LOOP_DEPTH = 4  # how many calls deep a loader is followed through the file's own functions
 
 
-def _at(rule: str, node: ast.AST, message: str, severity: Severity = Severity.ERROR) -> Finding:
-    return Finding(rule, getattr(node, "lineno", 1), getattr(node, "col_offset", 0) + 1,
-                   message, severity)
+def _at(rule: str, node: ast.AST, message: str, severity: Severity = Severity.ERROR) -> LintFinding:
+    return LintFinding(rule, getattr(node, "lineno", 1), getattr(node, "col_offset", 0) + 1,
+                       message, severity)
 
 
 def _tail(m: Module, node: ast.AST) -> str:
@@ -314,7 +314,7 @@ def _param_iterated(m: Module, param: str, func: ast.AST) -> bool:
     return any(_iterates(m, use) for use in _uses(m, param, func))
 
 
-def check_ddp101(m: Module) -> Iterator[Finding]:
+def check_ddp101(m: Module) -> Iterator[LintFinding]:
     for site, _sampler, shuffle in _sampler_sites(m):
         if not shuffle:
             continue
@@ -349,7 +349,7 @@ def check_ddp101(m: Module) -> Iterator[Finding]:
 
 # -- DDP102 -------------------------------------------------------------------------------
 
-def check_ddp102(m: Module) -> Iterator[Finding]:
+def check_ddp102(m: Module) -> Iterator[LintFinding]:
     if "distributedsampler" not in m.identifiers or m.single_node():
         return
     severity = Severity.ERROR if m.multi_node() else Severity.WARNING
@@ -432,7 +432,7 @@ def _index_in(m: Module, node: ast.AST) -> ast.AST | None:
     return node
 
 
-def check_ddp103(m: Module) -> Iterator[Finding]:
+def check_ddp103(m: Module) -> Iterator[LintFinding]:
     if m.single_node():
         return
     seen: set[int] = set()
@@ -482,7 +482,7 @@ def _guarded(m: Module, node: ast.AST) -> bool:
     return False
 
 
-def check_ddp104(m: Module) -> Iterator[Finding]:
+def check_ddp104(m: Module) -> Iterator[LintFinding]:
     if not m.distributed or m.writes_cuda_visible_devices():
         return
     seen: set[int] = set()
@@ -531,7 +531,7 @@ def _int_const(node: ast.AST) -> bool:
     return False
 
 
-def check_ddp105(m: Module) -> Iterator[Finding]:
+def check_ddp105(m: Module) -> Iterator[LintFinding]:
     for cmp in m.compares:
         operands = [cmp.left, *cmp.comparators]
         for i, op in enumerate(cmp.ops):
@@ -597,7 +597,7 @@ def _optimizer_mentions(m: Module, call: ast.Call, model: str) -> bool:
     return False
 
 
-def check_ddp106(m: Module) -> Iterator[Finding]:
+def check_ddp106(m: Module) -> Iterator[LintFinding]:
     wraps = [(call, key) for call in m.calls if (key := _wrap_target(m, call))]
     if not wraps:
         return
@@ -647,7 +647,7 @@ def _is_cuda_literal(m: Module, node: ast.AST) -> bool:
     return False
 
 
-def check_ddp107(m: Module) -> Iterator[Finding]:
+def check_ddp107(m: Module) -> Iterator[LintFinding]:
     by_scope: dict[int, tuple[ast.Call, list[ast.Call]]] = {}
     for call in sorted(m.calls, key=lambda c: (c.lineno, c.col_offset)):
         scope = m.scope_of(call)
@@ -668,7 +668,7 @@ def check_ddp107(m: Module) -> Iterator[Finding]:
                   f"rank); call set_device first, before anything goes to CUDA")
 
 
-Check = Callable[[Module], Iterator[Finding]]
+Check = Callable[[Module], Iterator[LintFinding]]
 
 CHECKS: tuple[Check, ...] = (
     check_ddp101, check_ddp102, check_ddp103, check_ddp104, check_ddp105, check_ddp106,

@@ -1,10 +1,11 @@
 """The real-script corpus of ``preflight lint`` (tests/lint/corpus, docs/lint.md).
 
 ``python -m tests.lint.corpus`` prints the per-rule table of docs/lint.md for the holdout split
-(``--split tune`` or ``all`` for the others). Entries ``stored: cache`` are not in the
-repository (third-party code stays out of it): ``python -m tests.lint.corpus fetch`` downloads
-them at their pinned commits into ``tests/lint/corpus/cache/`` (or ``$PREFLIGHT_LINT_CORPUS``)
-and checks each file's sha256; the table says how many entries were missing.
+(``--split tune`` or ``all`` for the others). The scripts themselves are not in the repository
+(third-party code stays out of it), only their manifest: ``python -m tests.lint.corpus fetch``
+downloads them at their pinned commits into ``tests/lint/corpus/cache/`` (or
+``$PREFLIGHT_LINT_CORPUS``) and keeps a file only if its sha256 is the manifest's; the table
+says how many entries were missing.
 """
 
 from __future__ import annotations
@@ -39,16 +40,16 @@ class Entry:
     commit: str
     sha256: str
     batch: int = 1
-    stored: str = "repo"
+    stored: str = "cache"
     split_override: str | None = None
 
     @property
     def location(self) -> Path:
-        return (CORPUS if self.stored == "repo" else cache_dir()) / self.file
+        return cache_dir() / self.file
 
     def read(self) -> bytes | None:
-        """The file's bytes, or None when a cached entry has not been fetched (or does not
-        match its sha256)."""
+        """The file's bytes, or None when it has not been fetched (or does not match its
+        sha256)."""
         try:
             data = self.location.read_bytes()
         except OSError:
@@ -69,7 +70,7 @@ def entries() -> list[Entry]:
         raw = json.loads(line)
         out.append(Entry(raw["file"], raw["split"], frozenset(raw["expected"]), raw["url"],
                          raw["repo"], raw["path"], raw["commit"], raw["sha256"],
-                         raw.get("batch", 1), raw.get("stored", "repo"),
+                         raw.get("batch", 1), raw.get("stored", "cache"),
                          raw.get("split_override")))
     return out
 
@@ -120,17 +121,26 @@ def missing(items: list[Entry] | None = None) -> list[Entry]:
     return [e for e in (entries() if items is None else items) if e.read() is None]
 
 
+def skip_unless_fetched(items: list[Entry] | None = None) -> None:
+    """Skip the calling test unless every entry (of ``items``, all by default) is here."""
+    import pytest  # only the tests call this; ``python -m tests.lint.corpus`` does not need it
+
+    items = entries() if items is None else items
+    absent = missing(items)
+    if absent:
+        pytest.skip(f"{len(absent)} of {len(items)} corpus files not fetched into "
+                    f"{cache_dir()} (python -m tests.lint.corpus fetch; it needs "
+                    "raw.githubusercontent.com)")
+
+
 def fetch(base: str = RAW, *, items: list[Entry] | None = None, timeout: float = 30.0) \
         -> list[str]:
-    """Download every missing cached entry (``base/repo/commit/path``), keep those whose sha256
+    """Download every missing entry (``base/repo/commit/path``), keep those whose sha256
     matches; the problems, one line each."""
     problems = []
     target = cache_dir()
     target.mkdir(parents=True, exist_ok=True)
     for e in missing(items):
-        if e.stored != "cache":
-            problems.append(f"{e.file}: committed file missing or changed")
-            continue
         url = f"{base.rstrip('/')}/{e.repo}/{e.commit}/{e.path}"
         try:
             with urllib.request.urlopen(url, timeout=timeout) as answer:

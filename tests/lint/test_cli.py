@@ -14,8 +14,9 @@ import jsonschema
 import pytest
 import yaml
 
+from tests.lint.synthetic import NO_SET_EPOCH
+
 REPO = Path(__file__).resolve().parents[2]
-KAIR = REPO / "tests/lint/corpus/kair-main_train_psnr-before.py.txt"
 BIN = Path(sys.executable).parent
 
 
@@ -27,7 +28,7 @@ def preflight(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    (tmp_path / "train.py").write_bytes(KAIR.read_bytes())
+    (tmp_path / "train.py").write_text(NO_SET_EPOCH)
     (tmp_path / "clean.py").write_text("import torch\nprint(torch.__version__)\n")
     return tmp_path
 
@@ -35,7 +36,7 @@ def project(tmp_path: Path) -> Path:
 def test_text_output_and_exit_codes(project: Path) -> None:
     found = preflight("train.py", "clean.py", cwd=project)
     assert found.returncode == 1, found.stderr
-    assert found.stdout.startswith("train.py:125:33: DDP101 DistributedSampler train_sampler")
+    assert found.stdout.startswith("train.py:13:15: DDP101 DistributedSampler sampler ")
     assert preflight("clean.py", cwd=project).returncode == 0
     missing = preflight("clean.py", "nope.py", cwd=project)
     assert missing.returncode == 2
@@ -49,13 +50,13 @@ def test_text_output_and_exit_codes(project: Path) -> None:
 
 def test_directory_walk_json(project: Path) -> None:
     (project / ".venv").mkdir()
-    (project / ".venv" / "x.py").write_bytes(KAIR.read_bytes())
+    (project / ".venv" / "x.py").write_text(NO_SET_EPOCH)
     out = preflight(".", "--json", cwd=project)
     assert out.returncode == 1
     data = json.loads(out.stdout)
     assert data["files"] == 2
     assert [(f["path"], f["rule"], f["line"], f["sure"]) for f in data["findings"]] == \
-        [("./train.py", "DDP101", 125, True)]
+        [("./train.py", "DDP101", 13, True)]
     assert "set_epoch" in data["findings"][0]["fix"]
 
 
@@ -73,7 +74,7 @@ def test_sarif_is_valid_sarif_2_1_0(project: Path) -> None:
     (result,) = run["results"]
     loc = result["locations"][0]["physicalLocation"]
     assert (result["ruleId"], result["level"], loc["artifactLocation"]["uri"],
-            loc["region"]["startLine"]) == ("DDP101", "error", "train.py", 125)
+            loc["region"]["startLine"]) == ("DDP101", "error", "train.py", 13)
     notes = run["invocations"][0]["toolExecutionNotifications"]
     assert "broken.py" in notes[0]["message"]["text"]
 
@@ -87,7 +88,7 @@ def test_flake8_runs_the_plugin(project: Path) -> None:
     assert out.returncode == 1, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith("noqa.py:4:4: DDP105 ")
-    assert lines[1].startswith("train.py:125:33: DDP101 DistributedSampler")
+    assert lines[1].startswith("train.py:13:15: DDP101 DistributedSampler sampler ")
     assert len(lines) == 2
 
 

@@ -7,6 +7,7 @@ import textwrap
 import pytest
 
 from preflight.lint import Severity, lint_source, noqa_codes
+from tests.lint.synthetic import GUIDE_MINIMAL, NO_SET_EPOCH, SCRIPTS
 
 
 def rules(src: str) -> list[tuple[int, str, str]]:
@@ -14,44 +15,25 @@ def rules(src: str) -> list[tuple[int, str, str]]:
             for f in lint_source(textwrap.dedent(src), "train.py")]
 
 
-GUIDE_MINIMAL = """
-import os
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from torch.utils.data import DataLoader, TensorDataset, DistributedSampler
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-def train(rank, world_size):
-    dist.init_process_group(backend='nccl', rank=rank, world_size=world_size)
-    torch.cuda.set_device(rank)
-    dataset = TensorDataset(torch.randn(64, 10), torch.randn(64, 1))
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True)
-    loader = DataLoader(dataset, batch_size=8, sampler=sampler)
-    model = DDP(torch.nn.Linear(10, 1).cuda(), device_ids=[rank])
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for epoch in range(3):
-        sampler.set_epoch(epoch)
-        for x, y in loader:
-            x, y = x.cuda(), y.cuda()
-
-if __name__ == "__main__":
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    mp.spawn(train, args=(4,), nprocs=4)
-"""
-
-
 def test_the_field_guides_minimal_script_is_clean() -> None:
     assert rules(GUIDE_MINIMAL) == []
 
 
 def test_ddp101_without_set_epoch() -> None:
-    assert rules(GUIDE_MINIMAL.replace("        sampler.set_epoch(epoch)\n", "")) == \
-        [(13, "DDP101", "error")]
+    assert rules(NO_SET_EPOCH) == [(13, "DDP101", "error")]
+
+
+def test_the_scripts_other_tests_lint_show_their_rules_and_no_other() -> None:
+    """The synthetic scripts of the CLI and ``--jobs`` tests: each rule wrong once, sure."""
+    for name, (src, expected) in SCRIPTS.items():
+        assert [(r, sev) for _line, r, sev in rules(src)] == [(r, "error") for r in expected], \
+            name
+    assert {r for _src, expected in SCRIPTS.values() for r in expected} == \
+        {f"DDP10{i}" for i in range(1, 8)}
 
 
 def test_ddp101_shuffle_false_and_eval_loaders_are_quiet() -> None:
-    src = GUIDE_MINIMAL.replace("        sampler.set_epoch(epoch)\n", "")
+    src = NO_SET_EPOCH
     assert rules(src.replace("shuffle=True", "shuffle=False")) == []
     assert rules(src.replace("sampler", "val_sampler")) == []
 

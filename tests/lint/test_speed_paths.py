@@ -8,7 +8,6 @@ import ast
 import gc
 import multiprocessing
 import os
-import shutil
 import subprocess
 import sys
 import weakref
@@ -30,22 +29,28 @@ from preflight.lint import (
 from preflight.lint.analysis import Module
 from preflight.lint.checks import CHECKS
 from preflight.lint.jobs import POOL_MIN_FILES, Dispatcher, usable_cpus
-from tests.lint.corpus import CORPUS
+from tests.lint.corpus import entries, skip_unless_fetched
+from tests.lint.synthetic import SCRIPTS, write_tree
 from tests.lint.test_property import programs
 
 REPO = Path(__file__).resolve().parents[2]
-SOURCES = sorted(CORPUS.glob("*.py.txt"))
 
 
-def _all_rules(src: bytes | str) -> list[object]:
-    return list(analyse(ast.parse(src)))
+def _gating_changes_nothing(src: bytes | str) -> bool:
+    tree = ast.parse(src)
+    return analyse(tree, checks_for(gate_text(src))) == analyse(tree)
 
 
-@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)
-def test_rules_skipped_for_lack_of_their_words_would_have_found_nothing(path: Path) -> None:
-    src = path.read_bytes()
-    gated = analyse(ast.parse(src), checks_for(gate_text(src)))
-    assert gated == _all_rules(src)
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_rules_skipped_for_lack_of_their_words_would_have_found_nothing(name: str) -> None:
+    src, _rules = SCRIPTS[name]
+    assert _gating_changes_nothing(src)
+
+
+def test_gating_changes_no_finding_on_the_real_scripts() -> None:
+    skip_unless_fetched()
+    changed = [e.file for e in entries() if not _gating_changes_nothing(e.read() or b"")]
+    assert changed == []
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -84,7 +89,7 @@ def test_words_are_read_as_python_reads_identifiers(tmp_path: Path) -> None:
 
 
 def test_the_index_of_a_file_is_dropped_with_it() -> None:
-    src = (CORPUS / "nanogpt-train.py.txt").read_bytes()
+    src, _rules = SCRIPTS["torchrun_right.py"]
     module = Module(ast.parse(src))
     for check in CHECKS:
         list(check(module))
@@ -94,18 +99,8 @@ def test_the_index_of_a_file_is_dropped_with_it() -> None:
     assert ref() is None
 
 
-def _corpus_tree(root: Path, copies: int) -> Path:
-    for i in range(copies):
-        folder = root / f"copy{i}"
-        folder.mkdir()
-        for src in SOURCES:
-            shutil.copyfile(src, folder / src.name.removesuffix(".txt"))
-    (root / "copy0" / "broken.py").write_text("import os\nos.environ['RANK'] = (\n")
-    return root
-
-
 def test_jobs_give_the_same_findings_in_the_same_order(tmp_path: Path) -> None:
-    tree = _corpus_tree(tmp_path, 2)
+    tree = write_tree(tmp_path, 4)
     assert sum(may_have_findings(p.read_bytes()) for p in tree.rglob("*.py")) >= POOL_MIN_FILES
     one = lint_paths([str(tree)], jobs=1)
     two = lint_paths([str(tree)], jobs=2)
@@ -158,7 +153,7 @@ def test_a_worker_that_dies_costs_only_its_files() -> None:
 
 def test_usable_cpus_and_the_jobs_option(tmp_path: Path) -> None:
     assert 1 <= usable_cpus() <= (os.cpu_count() or 1)
-    tree = _corpus_tree(tmp_path, 2)
+    tree = write_tree(tmp_path, 4)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "preflight", "lint", str(tree), *args],

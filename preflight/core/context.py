@@ -11,12 +11,15 @@ from pathlib import Path
 from typing import TypeVar
 
 from preflight.core.config import Config
-from preflight.probes.gpu import FixtureFileGpuProbe, GpuProbe, GpuSnapshot
+from preflight.probes.gpu import DeadlineGpuProbe, FixtureFileGpuProbe, GpuProbe, GpuSnapshot
 from preflight.probes.net import IbSnapshot, NetProbe, NetSnapshot
 
 T = TypeVar("T")
 #: Deadline of one name lookup (MASTER_ADDR), seconds.
 RESOLVE_TIMEOUT_S = 2.0
+#: The GPU snapshot gives up this long before a check's deadline, so the check can still say
+#: that the driver did not answer (a verdict) instead of being cut off (undecided).
+GPU_PROBE_MARGIN_S = 0.5
 
 _activity: dict[int, str] = {}
 _activity_lock = threading.Lock()
@@ -91,7 +94,7 @@ class Context:
 
     def gpus(self) -> GpuSnapshot:
         """The GPU snapshot of this run (one NVML pass shared by every check)."""
-        return self.cached("gpus", self._probe_gpus)
+        return self.cached("gpus", self.probe_gpus)
 
     def _net(self) -> NetProbe:
         if self.net_probe is None:
@@ -128,12 +131,22 @@ class Context:
         with activity(f"route lookup to {address} (UDP connect)"):
             return self._net().route_source(family, address)
 
-    def _probe_gpus(self) -> GpuSnapshot:
+    def probe_gpus(self) -> GpuSnapshot:
+        """A new GPU snapshot (not this run's cached one: the epilog watches memory being
+        released), within the probe deadline."""
         if self.gpu_probe is None:
             from preflight.probes.nvml import NvmlGpuProbe
 
             self.gpu_probe = NvmlGpuProbe(sys_root=self.host_path("/sys"))
-        return self.gpu_probe.snapshot()
+        # A driver that does not answer must be a verdict, not a check deadline (probes/gpu.py).
+        from preflight.probes.driverstate import warm_evidence
+
+        longest = max(0.1, self.config.check_timeout_s - GPU_PROBE_MARGIN_S)
+        with activity("NVML snapshot (nvmlInit and the queries of every GPU)"):
+            return DeadlineGpuProbe(
+                self.gpu_probe, timeout_s=min(self.config.gpu_probe_timeout_s, longest),
+                longest_s=longest,
+                driver_warm=lambda: warm_evidence(self.host_path("/proc"))).snapshot()
 
 
 def default_gpu_probe(env: Mapping[str, str]) -> GpuProbe | None:

@@ -48,6 +48,12 @@ def run_checks(ctx: Context, checks: Sequence[Check], *, mode: str = "check") ->
         t0 = time.monotonic()
         try:
             result = check.run(ctx)
+        except TimeoutError as exc:
+            # A probe's own deadline (a resolver, NVML): the node did not answer, no bug.
+            result = Result(check.name, Status.ERROR, "ProbeTimeout",
+                            f"{check.name} could not decide: {exc}",
+                            "Something on this node did not answer in time (named above); "
+                            "rerun, and look at it if it recurs.", scope=Scope.UNDECIDED)
         except Exception as exc:
             log.debug("check %s crashed:\n%s", check.name, traceback.format_exc())
             result = Result(check.name, Status.ERROR, "CheckCrashed",

@@ -369,22 +369,27 @@ def _daemon_metrics(stats: DaemonStats, checks: Sequence[str]) -> Iterator[Metri
         "intervals are stale.", value=stats.interval_s)
 
 
-def make_registry(source: Callable[[], MetricsSnapshot]) -> CollectorRegistry:
+def make_registry(source: Callable[[], MetricsSnapshot], *,
+                  extra: Sequence[Collector] = ()) -> CollectorRegistry:
     """A fresh registry holding only our collector (no process/platform/GC collectors, and no
-    ``_created`` series: custom families only emit them when given a creation time)."""
+    ``_created`` series: custom families only emit them when given a creation time), and
+    ``extra`` collectors (a Slurm hook's own metrics)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ReportCollector(source))
+    for collector in extra:
+        registry.register(collector)
     return registry
 
 
-def render(snapshot: MetricsSnapshot) -> bytes:
-    """The text exposition format (0.0.4) of ``snapshot``."""
-    return generate_latest(make_registry(lambda: snapshot))
+def render(snapshot: MetricsSnapshot, *, extra: Sequence[Collector] = ()) -> bytes:
+    """The text exposition format (0.0.4) of ``snapshot`` (and of ``extra`` collectors)."""
+    return generate_latest(make_registry(lambda: snapshot, extra=extra))
 
 
-def write_textfile(report: Report, path: str | os.PathLike[str], *,
-                   known_checks: Sequence[str] = ()) -> None:
-    """Write ``report``'s metrics for node_exporter's textfile collector, atomically.
+def write_textfile(report: Report | None, path: str | os.PathLike[str], *,
+                   known_checks: Sequence[str] = (), extra: Sequence[Collector] = ()) -> None:
+    """Write ``report``'s metrics (and ``extra`` collectors'; only those when ``report`` is
+    None) for node_exporter's textfile collector, atomically.
 
     node_exporter may read the file at any moment, so the text goes to a temporary file in the same
     directory (same filesystem, so the rename is atomic), is flushed to disk, made world-readable
@@ -394,7 +399,13 @@ def write_textfile(report: Report, path: str | os.PathLike[str], *,
         ConfigError: the directory does not exist or is not writable (the CLI exits 2 with it).
     """
     target = Path(path)
-    data = render(MetricsSnapshot(report=report, known_checks=known_checks))
+    if report is not None:
+        data = render(MetricsSnapshot(report=report, known_checks=known_checks), extra=extra)
+    else:
+        registry = CollectorRegistry(auto_describe=False)
+        for collector in extra:
+            registry.register(collector)
+        data = generate_latest(registry)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
                                    dir=target.parent if str(target.parent) else ".")

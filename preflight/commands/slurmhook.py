@@ -150,7 +150,11 @@ class HookRun:
         self.env = dict(os.environ if env is None else env)
         self.node = args.node or self.env.get("SLURMD_NODENAME") or \
             socket.gethostname().split(".")[0]
-        self.budget = Budget(_early_budget(self.env), already_s=process_age_s())
+        total = _early_budget(self.env)
+        # The interpreter's own start counts; a process older than the whole budget is not a
+        # hook's fresh process (the CLI called in a long-lived one): it gets the whole budget.
+        age = process_age_s()
+        self.budget = Budget(total, already_s=age if age < total else 0.0)
         self.client = SlurmClient(scontrol=args.scontrol or default_client("scontrol"),
                                   sinfo=args.sinfo or default_client("sinfo"), say=self.say)
         self.outcome = HookOutcome(hook=hook, budget_s=self.budget.total_s,

@@ -235,14 +235,14 @@ class DeadlineGpuProbe:
             if warm is not None:
                 self._stuck = GpuSnapshot(
                     available=False, unanswered="hung",
-                    error=f"NVML did not answer within {self.timeout_s:g} s although the driver "
+                    error=f"NVML did not answer within {self.timeout_s:.3g} s although the driver "
                           f"is initialised ({warm}); a warm NVML answers in well under a second")
                 return self._stuck
             thread.join(self.longest_s - self.timeout_s)
         if thread.is_alive():
             self._stuck = GpuSnapshot(
                 available=False, unanswered="slow",
-                error=f"NVML did not answer within {self.longest_s:g} s, and nothing shows the "
+                error=f"NVML did not answer within {self.longest_s:.3g} s, and nothing shows the "
                       "GPUs initialised (no persistence daemon, no process holding /dev/nvidia*): "
                       "a first initialisation without persistence mode can take 1-3 s per GPU, "
                       "so this may be slow rather than hung")

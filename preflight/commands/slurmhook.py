@@ -31,6 +31,7 @@ from preflight.core.runner import SelectionError
 from preflight.core.slurm import (
     REASON_PREFIX,
     Budget,
+    HookOutcome,
     SlurmClient,
     SlurmError,
     Watchdog,
@@ -43,7 +44,6 @@ from preflight.core.slurm import (
 )
 from preflight.core.state import StateError
 from preflight.core.textsafe import escape
-from preflight.outputs.hook_metrics import HookCollector, HookOutcome
 from preflight.probes.gpu import GpuSnapshot
 from preflight.probes.procs import ProcInfo, proc_info
 
@@ -372,6 +372,7 @@ class HookRun:
         path = getattr(self.args, "prom_file", None)
         if not path:
             return
+        from preflight.outputs.hook_metrics import HookCollector
         from preflight.outputs.prom import write_textfile
 
         self.phase = f"writing {path} (--prom-file)"

@@ -12,6 +12,7 @@
 - Resume bookkeeping (:func:`record_verdict`): consecutive passing runs, in ``state_dir``.
 - :class:`Budget` and :class:`Watchdog`: the hook's whole run ends inside ``prolog_budget_s``
   counted from the process start, whatever hangs.
+- :class:`HookOutcome`: what the run did, for ``--prom-file`` (outputs/hook_metrics.py).
 
 Parsing of Slurm's output is pure (:func:`parse_show_node`, :func:`parse_sinfo`) and tested on
 literal text from Slurm 22.05.
@@ -27,11 +28,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from preflight.core import aborting
 from preflight.core.procgroup import GroupTimeout, run_in_group
+from preflight.core.result import Report
 from preflight.core.state import StateError, StateFile
 from preflight.core.textsafe import escape
 
@@ -257,6 +259,44 @@ def record_verdict(state_dir: str, node: str, *, passed: bool, hook: str,
         return passes
 
 
+@dataclass
+class HookOutcome:
+    """What one hook run did (filled as it goes, rendered once at the end).
+
+    Attributes:
+        hook: ``prolog`` or ``epilog``.
+        timestamp_s: when the run ended (Unix time).
+        duration_s: from the process start to the end of the run.
+        budget_s: ``prolog_budget_s``.
+        config_ok: False when a configuration error stopped the checks.
+        report_only: ``--report-only``: nothing drained or resumed.
+        drained: this run drained the node.
+        would_drain: report-only: a drain that was not made.
+        held_back: the fleet guard's sentence when it held a drain back (else None).
+        resumed: ``--resume`` resumed the node.
+        fleet_nodes, fleet_drained: the one ``sinfo`` count (None: not counted).
+        passes: consecutive passing runs in the state (None: unknown).
+        counts: further per-hook figures (``shm_files_removed``, ``gpu_leftover_processes``).
+        report: the run's results, for ``preflight_slurm_hook_result_info``.
+    """
+
+    hook: str
+    budget_s: float
+    timestamp_s: float = 0.0
+    duration_s: float = 0.0
+    config_ok: bool = True
+    report_only: bool = False
+    drained: bool = False
+    would_drain: bool = False
+    held_back: str | None = None
+    resumed: bool = False
+    fleet_nodes: int | None = None
+    fleet_drained: int | None = None
+    passes: int | None = None
+    counts: dict[str, float] = field(default_factory=dict)
+    report: Report | None = None
+
+
 def process_age_s(proc: Path = Path("/proc")) -> float:
     """Seconds since this process started (``/proc/self/stat`` start time against
     ``/proc/uptime``), so a budget counts the interpreter's own start-up; 0.0 when unknown."""
@@ -333,6 +373,6 @@ class Watchdog:
         os._exit(code)
 
 
-__all__ = ["REASON_PREFIX", "Budget", "Fleet", "NodeInfo", "SlurmClient", "SlurmError",
-           "StateError", "Watchdog", "default_client", "fleet_of", "guard", "parse_show_node",
-           "parse_sinfo", "process_age_s", "reason_checks", "record_verdict"]
+__all__ = ["REASON_PREFIX", "Budget", "Fleet", "HookOutcome", "NodeInfo", "SlurmClient",
+           "SlurmError", "StateError", "Watchdog", "default_client", "fleet_of", "guard",
+           "parse_show_node", "parse_sinfo", "process_age_s", "reason_checks", "record_verdict"]

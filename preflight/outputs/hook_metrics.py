@@ -9,52 +9,13 @@ A value that this run did not learn (the fleet was not counted) is NaN, not 0.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from preflight.core.result import Report
+from preflight.core.slurm import HookOutcome
 
 NAN = float("nan")
-
-
-@dataclass
-class HookOutcome:
-    """What one hook run did (filled as it goes, rendered once at the end).
-
-    Attributes:
-        hook: ``prolog`` or ``epilog``.
-        timestamp_s: when the run ended (Unix time).
-        duration_s: from the process start to the end of the run.
-        budget_s: ``prolog_budget_s``.
-        config_ok: False when a configuration error stopped the checks.
-        report_only: ``--report-only``: nothing drained or resumed.
-        drained: this run drained the node.
-        would_drain: report-only: a drain that was not made.
-        held_back: the fleet guard's sentence when it held a drain back (else None).
-        resumed: ``--resume`` resumed the node.
-        fleet_nodes, fleet_drained: the one ``sinfo`` count (None: not counted).
-        passes: consecutive passing runs in the state (None: unknown).
-        counts: further per-hook figures (``shm_files_removed``, ``gpu_leftover_processes``).
-        report: the run's results, for ``preflight_slurm_hook_result_info``.
-    """
-
-    hook: str
-    budget_s: float
-    timestamp_s: float = 0.0
-    duration_s: float = 0.0
-    config_ok: bool = True
-    report_only: bool = False
-    drained: bool = False
-    would_drain: bool = False
-    held_back: str | None = None
-    resumed: bool = False
-    fleet_nodes: int | None = None
-    fleet_drained: int | None = None
-    passes: int | None = None
-    counts: dict[str, float] = field(default_factory=dict)
-    report: Report | None = None
 
 
 def _opt(value: float | None) -> float:
@@ -132,4 +93,4 @@ def _counts(o: HookOutcome) -> dict[str, tuple[str, float]]:
     return {k: (_COUNT_DOCS.get(k, k.replace("_", " ")), v) for k, v in o.counts.items()}
 
 
-__all__ = ["HookCollector", "HookOutcome"]
+__all__ = ["HookCollector"]

@@ -17,6 +17,7 @@ import pytest
 
 from preflight.probes.gpu import GpuSnapshot
 from tests import topologies
+from tests.commands.test_prolog import assert_promtool_ok
 from tests.helpers import run_cli, write_fixture
 from tests.slurmfakes import FakeSlurm, fake_slurm
 
@@ -82,6 +83,7 @@ def test_a_process_left_on_the_jobs_gpu_and_memory_not_released_drain(
     assert 'preflight_slurm_gpu_leftover_processes{hook="epilog"} 1.0' in text
     # The epilog's file carries only its own series: it can sit beside the prolog's.
     assert "preflight_node_healthy" not in text and "preflight_check_status" not in text
+    assert_promtool_ok(prom)
 
 
 def test_another_jobs_process_is_not_this_jobs_leftover(tmp_path: Path,

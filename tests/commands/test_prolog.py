@@ -150,6 +150,17 @@ def test_report_only_reports_everything_and_drains_nothing(tmp_path: Path,
     assert 'preflight_slurm_drained{hook="prolog"} 0.0' in text
     assert 'preflight_check_status{check="gpu_visible",status="fail"} 1.0' in text
     assert 'preflight_slurm_report_only{hook="prolog"} 1.0' in text
+    assert_promtool_ok(prom)
+
+
+def assert_promtool_ok(path: Path) -> None:
+    """``promtool check metrics`` finds nothing wrong (when promtool is installed)."""
+    if shutil.which("promtool") is None:
+        return
+    with path.open("rb") as f:
+        proc = subprocess.run(["promtool", "check", "metrics"], stdin=f, capture_output=True,
+                              text=True, timeout=30, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_a_usage_error_with_report_only_still_lets_the_job_run(tmp_path: Path,

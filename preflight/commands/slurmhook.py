@@ -212,6 +212,9 @@ class HookRun:
         ctx = make_context(self.config, env=self.env, root=check_root(self.args.root))
         self.budget.set_total(ctx.config.prolog_budget_s)
         self.outcome.budget_s = ctx.config.prolog_budget_s
+        # Only the node checks' deadline is cut: the GPU tests (--bandwidth) keep their own,
+        # whose phases would call a slow start a stall if squeezed (the watchdog ends them,
+        # fail-open, when the budget is too small for them).
         ctx.config = ctx.config.replace(check_timeout_s=self.checks_deadline(ctx.config))
         return ctx
 

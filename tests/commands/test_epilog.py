@@ -169,7 +169,7 @@ def test_nothing_is_removed_while_the_user_still_runs_a_process(
     still = subprocess.Popen(["sleep", "300"], preexec_fn=become_job_user)  # noqa: PLW1509
     try:
         time.sleep(0.1)
-        rc, err = _epilog(tmp_path, cluster, topologies.healthy_8x_h100(),
+        rc, _ = _epilog(tmp_path, cluster, topologies.healthy_8x_h100(),
                           env={"SLURM_JOB_UID": str(JOB_UID)})
     finally:
         still.kill()
@@ -184,3 +184,18 @@ def test_epilog_help_teaches() -> None:
     for words in ("/dev/shm", "--bandwidth", "--report-only", "GpuProcessLeft",
                   "SLURM_JOB_UID"):
         assert words in proc.stdout
+
+
+def test_bandwidth_runs_the_gpu_tests_on_the_idle_gpus(tmp_path: Path,
+                                                       cluster: FakeSlurm) -> None:
+    """--bandwidth: gpu_speed's workers (the cpu plumbing engine here) run after the job; their
+    verdict joins the epilog's."""
+    prom = tmp_path / "e.prom"
+    rc, err = _epilog(tmp_path, cluster, topologies.single_h200_vm(), "--bandwidth",
+                      "--prom-file", str(prom),
+                      env={"PREFLIGHT_GPU_SPEED_ENGINE": "cpu", "PREFLIGHT_PROLOG_BUDGET_S": "30",
+                           "SLURM_JOB_GPUS": "0"})
+    assert (rc, cluster.calls()) == (0, []), err
+    text = prom.read_text()
+    assert 'check="gpu_speed",hook="epilog",reason="GpuSpeedOk"' in text
+    assert 'check="allreduce",hook="epilog",reason="NotEnoughGpus"' in text

@@ -108,9 +108,9 @@ def test_table_escapes_control_characters(tmp_path: Path) -> None:
 def test_a_hanging_scontrol_is_killed_with_its_process_group(tmp_path: Path) -> None:
     """A site's scontrol wrapper that hangs and has started a child: both are gone after the
     deadline, and the prolog says what did not answer."""
-    marker = f"preflight-test-scontrol-{os.getpid()}-{time.monotonic_ns()}"
+    marker = f"300.{os.getpid()}{time.monotonic_ns()}"  # a unique sleep time marks the child
     hang = tmp_path / "scontrol"
-    hang.write_text(f"#!/bin/sh\nsleep 300 {marker} &\nexec sleep 301\n")
+    hang.write_text(f"#!/bin/sh\nsleep {marker} &\nexec sleep 301\n")
     hang.chmod(0o755)
     started = time.monotonic()
     said: list[str] = []
@@ -119,16 +119,7 @@ def test_a_hanging_scontrol_is_killed_with_its_process_group(tmp_path: Path) -> 
     assert "could not drain gpu017" in said[0] and "did not answer within 1 s" in said[0]
     assert time.monotonic() - started < 5.0
     time.sleep(0.2)
-    left = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if marker.encode() in cmd:
-                left.append(pid)
-    assert left == []
+    assert _running(marker) == []
 
 
 def test_a_usage_error_in_the_prolog_line_does_not_drain(tmp_path: Path,
@@ -180,20 +171,23 @@ def test_a_bad_python_or_golden_is_a_config_error_never_a_drain(
 
 def test_an_scontrol_wrapper_that_backgrounds_a_child_drains_at_once(tmp_path: Path) -> None:
     """A site's scontrol shim that starts a logger in the background (holding stdout and
-    stderr) and exits 0: the drain succeeded, said so at once, and the logger is gone."""
-    marker = f"preflight-test-bg-{os.getpid()}-{time.monotonic_ns()}"
+    stderr) and exits 0: the drain succeeded and is said so at once (not "could not drain ...
+    10 s"), the prolog exits 1, and the logger is gone with the shim's process group."""
+    marker = f"300.{os.getpid()}{time.monotonic_ns()}"  # a unique sleep time marks the child
     calls = tmp_path / "calls"
     shim = tmp_path / "scontrol"
-    shim.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nsleep 300 {marker} &\nexit 0\n')
+    shim.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nsleep {marker} &\nexit 0\n')
     shim.chmod(0o755)
-    said: list[str] = []
+    fixture = write_fixture(tmp_path / "nvml.json", topologies.lost_gpu(3))
     started = time.monotonic()
-    client = SlurmClient(scontrol=str(shim), sinfo="/nonexistent", say=said.append)
-    assert client.drain("gpu017", "preflight: gpu_visible GpuLost", timeout_s=10.0) is True
-    assert time.monotonic() - started < 3.0  # not the 10 s deadline
-    assert said == []
+    proc = run_cli(["prolog", "--scontrol", str(shim), "--skip", SKIP], fixture=fixture,
+                   env={"SLURMD_NODENAME": "gpu017", "PREFLIGHT_MAX_DRAIN_FRACTION": "1"})
+    took = time.monotonic() - started
+    assert proc.returncode == 1, proc.stderr
+    assert "could not drain" not in proc.stderr
     assert calls.read_text().split() == ["update", "nodename=gpu017", "state=drain",
                                          "reason=preflight:", "gpu_visible", "GpuLost"]
+    assert took < 8.0  # scontrol's 10 s deadline was never waited for
     time.sleep(0.2)
     assert _running(marker) == []
 

@@ -1,11 +1,16 @@
 """A stand-in for scontrol and sinfo that keeps a little cluster in a JSON file: ``update
 state=drain|resume`` changes a node, ``show node`` and ``sinfo`` print it the way Slurm 22.05
-does (tests/slurm checks the real ones). Every call's argv is recorded."""
+does (tests/slurm checks the real ones). Every call's argv is recorded. And a process that
+looks like NVIDIA's persistence daemon."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
+import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,3 +100,18 @@ def fake_slurm(directory: Path, nodes: dict[str, tuple[str, str]]) -> FakeSlurm:
         script.chmod(0o755)
         paths.append(script)
     return FakeSlurm(paths[0], paths[1], state)
+
+
+@contextlib.contextmanager
+def persistence_daemon(directory: Path) -> Iterator[int]:
+    """A real process named like NVIDIA's persistence daemon (a copy of sleep): what tells the
+    GPU probe that the driver is initialised, so a silent NVML is a hung one
+    (preflight/probes/driverstate.py). Yields its pid; killed on exit."""
+    exe = directory / "nvidia-persistenced"
+    shutil.copy("/bin/sleep", exe)
+    proc = subprocess.Popen([str(exe), "300"])
+    try:
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()

@@ -18,7 +18,7 @@ from preflight.checks.xid import NAME as XID
 from preflight.cli import Formatter, add_config_options, build_context, emit_report, report_exit
 from preflight.core import xidacks
 from preflight.core.config import ConfigError
-from preflight.core.procgroup import GroupTimeout, run_in_group
+from preflight.core.procgroup import HelperFailed, run_checked
 from preflight.core.runner import run_checks, select
 from preflight.core.state import StateError
 from preflight.core.textsafe import escape
@@ -106,14 +106,8 @@ def run(args: argparse.Namespace) -> int:
 def _reset(nvidia_smi: str, gpu: str | None) -> None:
     argv = [nvidia_smi, "--gpu-reset", "-i", f"{gpu}.0"]
     try:
-        proc = run_in_group(argv, timeout_s=RESET_TIMEOUT_S)
-    except GroupTimeout:
-        raise ConfigError(f"{' '.join(argv)} did not finish within {RESET_TIMEOUT_S:g} s; "
-                          "nothing recorded (reboot the node)") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot run {nvidia_smi}: {exc.strerror or exc}") from None
-    if proc.returncode != 0:
-        said = (proc.stdout + proc.stderr).decode(errors="replace").strip().splitlines()
-        raise ConfigError(f"{' '.join(argv)} failed (exit {proc.returncode}"
-                          f"{': ' + escape(said[-1], 300) if said else ''}); nothing recorded. "
-                          "A GPU in use cannot be reset: stop its processes first")
+        run_checked(argv, timeout_s=RESET_TIMEOUT_S)
+    except HelperFailed as exc:
+        raise ConfigError(f"{escape(str(exc), 400)}; nothing recorded (a GPU in use cannot be "
+                          "reset: stop its processes first; one that does not reset needs a "
+                          "reboot)") from None

@@ -142,9 +142,33 @@ class _Pipes:
                 stream.close()
 
 
+class HelperFailed(RuntimeError):
+    """A helper run by :func:`run_checked` could not be started, did not finish in time, or
+    exited non-zero; the message says which, in one line."""
+
+
+def run_checked(argv: Sequence[str], *, timeout_s: float) -> Finished:
+    """:func:`run_in_group`, with every way it can go wrong as one :class:`HelperFailed` line:
+    ``X did not answer within T s (its process group was killed)``, ``cannot run X: reason``,
+    ``X ARG exit N: <its last line of stderr>``."""
+    name = os.path.basename(argv[0])
+    try:
+        proc = run_in_group(argv, timeout_s=timeout_s)
+    except GroupTimeout:
+        raise HelperFailed(f"{argv[0]} did not answer within {timeout_s:.3g} s (its process "
+                           "group was killed)") from None
+    except OSError as exc:
+        raise HelperFailed(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
+    if proc.returncode != 0:
+        said = (proc.stderr or proc.stdout).decode(errors="replace").strip().splitlines()
+        what = f"{name} {argv[1]}" if len(argv) > 1 else name
+        raise HelperFailed(f"{what} exit {proc.returncode}{': ' + said[-1][:300] if said else ''}")
+    return proc
+
+
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
 
 
-__all__ = ["Finished", "GroupTimeout", "run_in_group"]
+__all__ = ["Finished", "GroupTimeout", "HelperFailed", "run_checked", "run_in_group"]

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from preflight.core import aborting
-from preflight.core.procgroup import GroupTimeout, run_in_group
+from preflight.core.procgroup import HelperFailed, run_checked
 from preflight.core.result import Report
 from preflight.core.state import StateError, StateFile
 from preflight.core.textsafe import escape
@@ -191,16 +191,9 @@ class SlurmClient:
         if timeout_s <= 0:
             raise SlurmError(f"no time left in the budget for {' '.join(argv[:2])}")
         try:
-            proc = run_in_group(argv, timeout_s=timeout_s)
-        except GroupTimeout:
-            raise SlurmError(f"{argv[0]} did not answer within {timeout_s:.3g} s (its process "
-                             "group was killed)") from None
-        except OSError as exc:
-            raise SlurmError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
-        if proc.returncode != 0:
-            err = proc.stderr.decode(errors="replace").strip().splitlines()
-            raise SlurmError(f"{os.path.basename(argv[0])} {argv[1]} exit {proc.returncode}"
-                             f"{': ' + err[-1] if err else ''}")
+            proc = run_checked(argv, timeout_s=timeout_s)
+        except HelperFailed as exc:
+            raise SlurmError(str(exc)) from None
         return proc.stdout[:_MAX_OUTPUT].decode(errors="replace")
 
     def drain(self, node: str, reason: str, *, timeout_s: float) -> bool:

@@ -21,12 +21,12 @@ import fcntl
 import json
 import os
 import stat
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from preflight.core.atomicio import replace_file
 from preflight.core.boundedio import read_bounded
 
 #: Largest state file read (a real one is a few hundred bytes).
@@ -146,20 +146,8 @@ class StateFile:
             raise StateError(f"{self.path}: {len(text)} bytes of state, more than "
                              f"{MAX_STATE_BYTES}")
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp",
-                                       dir=self.directory)
+            replace_file(self.path, text)
         except OSError as exc:
-            raise StateError(f"cannot write in {self.directory}: {exc.strerror or exc}") from None
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-                os.fchmod(fh.fileno(), 0o644)
-            os.replace(tmp, self.path)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             raise StateError(f"cannot write {self.path}: {exc.strerror or exc}") from None
         _fsync_dir(self.directory)
 

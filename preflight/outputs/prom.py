@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from preflight.checks.gpu_speed import NAME as GPU_SPEED
 from preflight.checks.gpu_visible import NAME as GPU_VISIBLE
 from preflight.checks.memlock import NAME as MEMLOCK
 from preflight.checks.shm import NAME as SHM
+from preflight.core.atomicio import replace_file
 from preflight.core.config import ConfigError
 from preflight.core.result import Report, Result, Status
 
@@ -407,21 +407,10 @@ def write_textfile(report: Report | None, path: str | os.PathLike[str], *,
             registry.register(collector)
         data = generate_latest(registry)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
-                                   dir=target.parent if str(target.parent) else ".")
+        replace_file(target, data)
     except OSError as exc:
-        raise ConfigError(f"--prom-file {target}: cannot create a file in {target.parent}: "
+        raise ConfigError(f"--prom-file {target}: cannot create or replace it: "
                           f"{exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-            os.fchmod(fh.fileno(), 0o644)
-        os.replace(tmp, target)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise ConfigError(f"--prom-file {target}: cannot write: {exc.strerror or exc}") from None
 
 
 __all__ = ["DaemonStats", "MetricsSnapshot", "ReportCollector", "make_registry", "render",

@@ -206,7 +206,8 @@ def test_reset_runs_nvidia_smi_and_records_only_when_it_worked(tmp_path: Path) -
     proc = run_cli(["xid", "--root", str(root), "--reset", "--gpu", "0000:5d:00.0",
                     "--nvidia-smi", str(smi)], fixture=fixture, env=env)
     assert proc.returncode == 2
-    assert "failed (exit 3: GPU 00000000:5D:00.0 is in use); nothing recorded" in proc.stderr
+    assert ("nvidia-smi --gpu-reset exit 3: GPU 00000000:5D:00.0 is in use; nothing recorded"
+            in proc.stderr)
     assert not (tmp_path / "state" / "xid-acks.json").exists()
     rc, report, _ = _xid(tmp_path, root, "--reset", "--gpu", "0000:5d:00.0", "--nvidia-smi",
                          str(smi))

@@ -20,6 +20,7 @@ from preflight.probes.gpu import GpuSnapshot
 from tests import topologies
 from tests.helpers import REPO, run_cli, write_fixture
 from tests.slurmfakes import FakeSlurm, fake_slurm
+from tests.slurmfakes import persistence_daemon as fake_persistence_daemon
 
 NODE = "gpu017"
 SKIP = "network,master_port,versions"
@@ -288,16 +289,8 @@ def test_a_plain_prolog_writes_no_state(tmp_path: Path, cluster: FakeSlurm) -> N
 
 @pytest.fixture
 def persistence_daemon(tmp_path: Path) -> Iterator[int]:
-    """A real process named like NVIDIA's persistence daemon: what says "the driver is
-    initialised" to the GPU probe's deadline (preflight/probes/driverstate.py)."""
-    exe = tmp_path / "nvidia-persistenced"
-    shutil.copy("/bin/sleep", exe)
-    proc = subprocess.Popen([str(exe), "300"])
-    try:
-        yield proc.pid
-    finally:
-        proc.kill()
-        proc.wait()
+    with fake_persistence_daemon(tmp_path) as pid:
+        yield pid
 
 
 def _fifo(tmp_path: Path) -> Path:

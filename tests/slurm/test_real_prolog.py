@@ -16,9 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-import shutil
 import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +26,7 @@ import pytest
 from tests import topologies
 from tests.helpers import REPO, write_fixture
 from tests.slurm.conftest import GHOST, HOOKS, SlurmCluster
+from tests.slurmfakes import persistence_daemon as fake_persistence_daemon
 
 #: Our reason as `scontrol update ... reason=` set it; scontrol shows it with "[user@time]" after.
 REASON = "preflight: gpu_visible GpuLost"
@@ -224,16 +223,8 @@ def test_the_epilog_drains_after_a_job_that_leaves_a_process_on_its_gpu(
 
 @pytest.fixture
 def persistence_daemon(slurm: SlurmCluster) -> Iterator[int]:
-    """A real process named like NVIDIA's persistence daemon: it tells the GPU probe that the
-    driver is initialised, so a silent NVML is a hung one (preflight/probes/driverstate.py)."""
-    exe = slurm.root / "nvidia-persistenced"
-    shutil.copy("/bin/sleep", exe)
-    proc = subprocess.Popen([str(exe), "300"])
-    try:
-        yield proc.pid
-    finally:
-        proc.kill()
-        proc.wait()
+    with fake_persistence_daemon(slurm.root) as pid:
+        yield pid
 
 
 def test_a_hung_driver_drains_within_the_budget(clean: SlurmCluster,

@@ -372,20 +372,25 @@ class HookRun:
 
     # -- metrics ---------------------------------------------------------------------------
     def write_prom(self) -> None:
+        """``--prom-file``: the prolog's check metrics (as ``check --prom-file``) and the hook's
+        own, replaced atomically; the epilog's file has only the hook's (no series in common with
+        the prolog's file). A failure is one line on stderr, never a change of the exit code."""
         path = getattr(self.args, "prom_file", None)
         if not path:
             return
-        from preflight.outputs.hook_metrics import HookCollector
-        from preflight.outputs.prom import write_textfile
+        from preflight.core.atomicio import replace_file
+        from preflight.outputs.hook_metrics import render_hook
+        from preflight.outputs.prom import MetricsSnapshot, render
 
         self.phase = f"writing {path} (--prom-file)"
         self.outcome.timestamp_s = time.time()
         self.outcome.duration_s = self.budget.elapsed()
         report = self.outcome.report if self.hook == "prolog" else None
+        data = render(MetricsSnapshot(report=report)) if report is not None else b""
         try:
-            write_textfile(report, path, extra=[HookCollector(self.outcome)])
-        except (ConfigError, OSError) as exc:
-            self.say(f"cannot write the metrics: {exc}")
+            replace_file(path, data + render_hook(self.outcome))
+        except OSError as exc:
+            self.say(f"cannot write the metrics to --prom-file {path}: {exc.strerror or exc}")
 
 
 def _early_budget(env: Mapping[str, str]) -> float:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import CollectorRegistry, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from preflight.core.slurm import HookOutcome
@@ -93,4 +94,12 @@ def _counts(o: HookOutcome) -> dict[str, tuple[str, float]]:
     return {k: (_COUNT_DOCS.get(k, k.replace("_", " ")), v) for k, v in o.counts.items()}
 
 
-__all__ = ["HookCollector"]
+def render_hook(outcome: HookOutcome) -> bytes:
+    """The text exposition of ``outcome``'s families alone (their names never clash with the
+    check metrics', so the prolog appends them to those)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(HookCollector(outcome))
+    return generate_latest(registry)
+
+
+__all__ = ["HookCollector", "render_hook"]

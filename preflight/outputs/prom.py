@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,6 @@ from preflight.checks.gpu_speed import NAME as GPU_SPEED
 from preflight.checks.gpu_visible import NAME as GPU_VISIBLE
 from preflight.checks.memlock import NAME as MEMLOCK
 from preflight.checks.shm import NAME as SHM
-from preflight.core.atomicio import replace_file
 from preflight.core.config import ConfigError
 from preflight.core.result import Report, Result, Status
 
@@ -369,27 +369,22 @@ def _daemon_metrics(stats: DaemonStats, checks: Sequence[str]) -> Iterator[Metri
         "intervals are stale.", value=stats.interval_s)
 
 
-def make_registry(source: Callable[[], MetricsSnapshot], *,
-                  extra: Sequence[Collector] = ()) -> CollectorRegistry:
+def make_registry(source: Callable[[], MetricsSnapshot]) -> CollectorRegistry:
     """A fresh registry holding only our collector (no process/platform/GC collectors, and no
-    ``_created`` series: custom families only emit them when given a creation time), and
-    ``extra`` collectors (a Slurm hook's own metrics)."""
+    ``_created`` series: custom families only emit them when given a creation time)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ReportCollector(source))
-    for collector in extra:
-        registry.register(collector)
     return registry
 
 
-def render(snapshot: MetricsSnapshot, *, extra: Sequence[Collector] = ()) -> bytes:
-    """The text exposition format (0.0.4) of ``snapshot`` (and of ``extra`` collectors)."""
-    return generate_latest(make_registry(lambda: snapshot, extra=extra))
+def render(snapshot: MetricsSnapshot) -> bytes:
+    """The text exposition format (0.0.4) of ``snapshot``."""
+    return generate_latest(make_registry(lambda: snapshot))
 
 
-def write_textfile(report: Report | None, path: str | os.PathLike[str], *,
-                   known_checks: Sequence[str] = (), extra: Sequence[Collector] = ()) -> None:
-    """Write ``report``'s metrics (and ``extra`` collectors'; only those when ``report`` is
-    None) for node_exporter's textfile collector, atomically.
+def write_textfile(report: Report, path: str | os.PathLike[str], *,
+                   known_checks: Sequence[str] = ()) -> None:
+    """Write ``report``'s metrics for node_exporter's textfile collector, atomically.
 
     node_exporter may read the file at any moment, so the text goes to a temporary file in the same
     directory (same filesystem, so the rename is atomic), is flushed to disk, made world-readable
@@ -399,18 +394,23 @@ def write_textfile(report: Report | None, path: str | os.PathLike[str], *,
         ConfigError: the directory does not exist or is not writable (the CLI exits 2 with it).
     """
     target = Path(path)
-    if report is not None:
-        data = render(MetricsSnapshot(report=report, known_checks=known_checks), extra=extra)
-    else:
-        registry = CollectorRegistry(auto_describe=False)
-        for collector in extra:
-            registry.register(collector)
-        data = generate_latest(registry)
+    data = render(MetricsSnapshot(report=report, known_checks=known_checks))
     try:
-        replace_file(target, data)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
+                                   dir=target.parent if str(target.parent) else ".")
     except OSError as exc:
-        raise ConfigError(f"--prom-file {target}: cannot create or replace it: "
+        raise ConfigError(f"--prom-file {target}: cannot create a file in {target.parent}: "
                           f"{exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+            os.fchmod(fh.fileno(), 0o644)
+        os.replace(tmp, target)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise ConfigError(f"--prom-file {target}: cannot write: {exc.strerror or exc}") from None
 
 
 __all__ = ["DaemonStats", "MetricsSnapshot", "ReportCollector", "make_registry", "render",

@@ -42,6 +42,7 @@ from preflight.core.context import Context
 from preflight.core.result import Report, Result, Status
 from preflight.core.runner import SelectionError, run_checks, select
 from preflight.core.textsafe import escape
+from preflight.probes.gpu import GpuSnapshot
 from preflight.probes.procs import processes_of
 
 #: How long the epilog waits for a job's processes to exit and release GPU memory (a killed
@@ -104,7 +105,7 @@ def _judge(hook: HookRun) -> int:
     hook.outcome.counts["shm_files_removed"] = float(len(shm.removed))
     hook.outcome.counts["gpu_leftover_processes"] = float(len(left.processes))
     if extra and not left and snap_error is None:
-        stop = blocker(ctx.probe_gpus())
+        stop = blocker(_fresh_snapshot(ctx))
         if stop is None:
             hook.phase = "running the GPU tests (--bandwidth)"
             results.extend(run_checks(ctx, extra, mode="epilog").results)
@@ -114,6 +115,14 @@ def _judge(hook: HookRun) -> int:
     report = Report(results=tuple(results), mode="epilog")
     # A clean epilog says nothing about the node's health: it never counts as a passing run.
     return hook.act(report, ctx, count_pass=False)
+
+
+def _fresh_snapshot(ctx: Context) -> GpuSnapshot:
+    """A new GPU snapshot, not the run's cached one: the epilog watches memory being released.
+    The Context's probe is the node's, within its deadlines."""
+    if ctx.gpu_probe is None:
+        return GpuSnapshot(available=False, error="no GPU probe")
+    return ctx.gpu_probe.snapshot()
 
 
 def _uid(text: str | None) -> int | None:
@@ -129,7 +138,7 @@ def _wait_released(ctx: Context, hook: HookRun, *,
     limit = ctx.config.epilog_idle_memory_max_bytes
     until = min(time.monotonic() + RELEASE_GRACE_S, hook.budget.end - 2.0)
     while True:
-        snap = ctx.probe_gpus()
+        snap = _fresh_snapshot(ctx)
         if not snap.available:
             return Leftovers(), snap.error or "NVML not available"
         left = gpu_leftovers(snap, gpus=gpus, job_id=job_id, memory_max_bytes=limit, proc=proc)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 
 from preflight.checks import CHECKS, GPU_LOAD_CHECKS
+from preflight.checks.site import site_checks
 from preflight.checks.versions import check_targets
 from preflight.cli import Formatter, add_config_options
 from preflight.commands.slurmhook import HookRun, add_hook_options, names
@@ -91,7 +92,8 @@ def _judge(hook: HookRun) -> int:
         skip = names(args.skip)
         if not args.bandwidth:
             skip += GPU_LOAD_CHECKS
-        checks = select(CHECKS, skip=skip)
+        every = (*CHECKS, *site_checks(ctx.config, [c.name for c in CHECKS]))
+        checks = select(every, skip=skip)
         hook.phase = "looking at --python and --golden"
         check_targets(ctx.config, [c.name for c in checks],
                       timeout_s=min(ctx.config.check_timeout_s, hook.budget.left() / 4))

@@ -25,7 +25,7 @@ from typing import Any
 
 from preflight.cli import check_root
 from preflight.core.config import Config, ConfigError, from_env, load
-from preflight.core.context import Context, make_context
+from preflight.core.context import Context
 from preflight.core.result import Report, Scope, Status
 from preflight.core.runner import SelectionError
 from preflight.core.slurm import (
@@ -45,6 +45,7 @@ from preflight.core.slurm import (
 from preflight.core.state import StateError
 from preflight.core.textsafe import escape
 from preflight.probes.gpu import GpuSnapshot
+from preflight.probes.node import make_context
 from preflight.probes.procs import ProcInfo, proc_info
 
 log = logging.getLogger(__name__)
@@ -209,14 +210,13 @@ class HookRun:
         # The config first, so that a --root error still drains (--fail-closed) through the
         # fleet guard configured there.
         self.config = load(path=self.args.config, env=self.env, overrides=overrides)
-        ctx = make_context(self.config, env=self.env, root=check_root(self.args.root))
-        self.budget.set_total(ctx.config.prolog_budget_s)
-        self.outcome.budget_s = ctx.config.prolog_budget_s
-        # Only the node checks' deadline is cut: the GPU tests (--bandwidth) keep their own,
-        # whose phases would call a slow start a stall if squeezed (the watchdog ends them,
-        # fail-open, when the budget is too small for them).
-        ctx.config = ctx.config.replace(check_timeout_s=self.checks_deadline(ctx.config))
-        return ctx
+        self.budget.set_total(self.config.prolog_budget_s)
+        self.outcome.budget_s = self.config.prolog_budget_s
+        # Only the node checks' deadline is cut (the GPU probe's follows it): the GPU tests
+        # (--bandwidth) keep their own, whose phases would call a slow start a stall if squeezed
+        # (the watchdog ends them, fail-open, when the budget is too small for them).
+        config = self.config.replace(check_timeout_s=self.checks_deadline(self.config))
+        return make_context(config, env=self.env, root=check_root(self.args.root))
 
     def checks_deadline(self, config: Config) -> float:
         """Each check's deadline: its configured one, cut so that the actions still fit."""

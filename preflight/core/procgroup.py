@@ -3,8 +3,8 @@
 ``subprocess.run(timeout=...)`` kills only the direct child, then waits for its pipes to close: a
 wrapper script (``#!/bin/sh`` around the training venv's python, a site's ``scontrol`` shim) whose
 own child keeps the pipe open makes that wait endless, and the grandchild keeps running. Here the
-child leads its own session and process group, its exit (not the end of its pipes) says when it
-is done, and on the deadline or after its exit the whole group is killed.
+child leads its own session and process group, its own exit (not the end of its pipes) says when
+it is done, and on the deadline or after its exit the whole group is killed.
 """
 
 from __future__ import annotations
@@ -22,19 +22,20 @@ from preflight.core import aborting
 
 #: Seconds to collect what a killed group wrote before giving up on its pipes.
 _DRAIN_S = 2.0
-#: Seconds to collect what is left in the pipes once the helper itself has exited.
-_AFTER_EXIT_S = 0.2
-#: How often the helper's exit is looked at while its pipes are quiet.
-_POLL_S = 0.02
-#: Most bytes kept of each of stdout and stderr (the rest is read and dropped).
+#: What is kept of stdout and of stderr without ``max_output_bytes`` (the rest is dropped).
 MAX_OUTPUT_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
 class Finished:
+    """How the process ended (``returncode`` < 0: killed by that signal) and what it wrote; with
+    ``max_output_bytes``, the bytes past the limit were read and dropped (counted here)."""
+
     returncode: int
     stdout: bytes
     stderr: bytes
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
 
 
 class GroupTimeout(Exception):
@@ -47,13 +48,13 @@ class GroupTimeout(Exception):
         self.pgid = pgid
 
 
-def run_in_group(argv: Sequence[str], *, timeout_s: float,
-                 env: Mapping[str, str] | None = None) -> Finished:
+def run_in_group(argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None = None,
+                 input_bytes: bytes | None = None,
+                 max_output_bytes: int | None = None) -> Finished:
     """Run ``argv`` in a new process group; kill the group on ``timeout_s`` and after it ends.
 
-    The helper is judged by its own exit: once it has exited, what its pipes already hold is
-    collected (for at most :data:`_AFTER_EXIT_S`) and a backgrounded grandchild that keeps a pipe
-    open is not waited for (an ``scontrol`` wrapper that starts a logger in the background).
+    ``max_output_bytes`` bounds what is kept of stdout and of stderr (each): the rest is read and
+    dropped, so a child that prints without end neither blocks on a full pipe nor fills memory.
 
     Raises:
         GroupTimeout: the deadline passed (the group is dead when this is raised).
@@ -61,7 +62,8 @@ def run_in_group(argv: Sequence[str], *, timeout_s: float,
     """
     if aborting.aborted():
         raise aborting.Aborted(f"not starting {argv[0]}: preflight is being stopped by a signal")
-    proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE if input_bytes is not None
+                            else subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=dict(env) if env is not None else None,
                             start_new_session=True)
     # Its own session is out of reach of a signal to preflight: a SIGTERM kills the group here.
@@ -71,75 +73,64 @@ def run_in_group(argv: Sequence[str], *, timeout_s: float,
         _kill_group(proc.pid)
         proc.wait()
         raise
-    pipes = _Pipes(proc)
     try:
-        if not pipes.until_exit(time.monotonic() + timeout_s):
-            _kill_group(proc.pid)
-            pipes.drain(_DRAIN_S)
-            if proc.poll() is None:  # pragma: no cover - SIGKILL of our own child
-                proc.kill()
+        if input_bytes is None:
+            # Judged by the helper's own exit: a grandchild it left holding the pipes (an
+            # scontrol wrapper that backgrounds a logger) is not waited for.
+            return _read_bounded(proc, argv, timeout_s, max_output_bytes or MAX_OUTPUT_BYTES)
+        out, err = proc.communicate(input_bytes, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=_DRAIN_S)
+        if proc.poll() is None:  # pragma: no cover - SIGKILL of our own child
+            proc.kill()
             proc.wait()
-            raise GroupTimeout(argv, timeout_s, proc.pid)
-        pipes.drain(_AFTER_EXIT_S)
+        raise GroupTimeout(argv, timeout_s, proc.pid) from None
     finally:
         # Whatever the helper left behind in its group (a backgrounded grandchild) goes too.
         _kill_group(proc.pid)
-        pipes.close()
         aborting.unregister(undo)
-    return Finished(proc.wait(), bytes(pipes.out), bytes(pipes.err))
+    return Finished(proc.returncode, out, err)
 
 
-class _Pipes:
-    """The child's stdout and stderr, read as they come (so it never blocks on a full pipe),
-    each kept up to :data:`MAX_OUTPUT_BYTES`."""
+def _read_bounded(proc: subprocess.Popen[bytes], argv: Sequence[str], timeout_s: float,
+                  limit: int) -> Finished:
+    """Read both pipes until they close, keeping ``limit`` bytes of each, within ``timeout_s``.
 
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stdout is not None and proc.stderr is not None
-        self._proc = proc
-        self.out = bytearray()
-        self.err = bytearray()
-        self._bufs = {proc.stdout.fileno(): self.out, proc.stderr.fileno(): self.err}
-        self._sel = selectors.DefaultSelector()
-        for fd in self._bufs:
-            self._sel.register(fd, selectors.EVENT_READ)
-
-    def _pump(self, wait_s: float) -> None:
-        for key, _ in self._sel.select(max(0.0, wait_s)):
-            fd = int(key.fd)
-            try:
-                data = os.read(fd, 65536)
-            except OSError:
-                data = b""
-            if not data:
-                self._sel.unregister(fd)
-                continue
-            buf = self._bufs[fd]
-            buf += data[:max(0, MAX_OUTPUT_BYTES - len(buf))]
-
-    def until_exit(self, deadline: float) -> bool:
-        """Read until the child exits (True) or ``deadline`` passes (False)."""
-        while self._proc.poll() is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            if self._sel.get_map():
-                self._pump(min(left, _POLL_S))
-            else:  # both pipes closed: only the exit is left to wait for
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self._proc.wait(timeout=min(left, _POLL_S))
-        return True
-
-    def drain(self, limit_s: float) -> None:
-        """What the pipes still hold, until both reach end of file or ``limit_s`` passes."""
-        end = time.monotonic() + limit_s
-        while self._sel.get_map() and time.monotonic() < end:
-            self._pump(end - time.monotonic())
-
-    def close(self) -> None:
-        self._sel.close()
-        for stream in (self._proc.stdout, self._proc.stderr):
-            if stream is not None:
-                stream.close()
+    Once the child itself has ended, what is left of its group is killed, so a backgrounded
+    grandchild holding the pipes open cannot stretch the wait."""
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = proc.stdout.fileno(), proc.stderr.fileno()
+    deadline = time.monotonic() + timeout_s
+    kept = {out: bytearray(), err: bytearray()}
+    dropped = dict.fromkeys(kept, 0)
+    with selectors.DefaultSelector() as sel:
+        for fd in kept:
+            sel.register(fd, selectors.EVENT_READ)
+        ended_at: float | None = None
+        while sel.get_map():
+            now = time.monotonic()
+            if now >= deadline:
+                raise subprocess.TimeoutExpired(list(argv), timeout_s)
+            if ended_at is None and proc.poll() is not None:
+                ended_at = now
+                _kill_group(proc.pid)
+            if ended_at is not None and now > ended_at + _DRAIN_S:
+                break
+            for key, _ in sel.select(timeout=min(deadline - now, 0.25)):
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    sel.unregister(key.fd)
+                    continue
+                room = max(0, limit - len(kept[key.fd]))
+                kept[key.fd] += chunk[:room]
+                dropped[key.fd] += len(chunk) - min(room, len(chunk))
+    try:
+        returncode = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise subprocess.TimeoutExpired(list(argv), timeout_s) from None
+    return Finished(returncode, bytes(kept[out]), bytes(kept[err]), dropped[out], dropped[err])
 
 
 class HelperFailed(RuntimeError):

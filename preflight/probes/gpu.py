@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from preflight.core.context import activity
+
 
 @dataclass(frozen=True)
 class PcieLink:
@@ -228,8 +230,12 @@ class DeadlineGpuProbe:
                 box["error"] = exc
 
         thread = threading.Thread(target=target, name="gpu-probe", daemon=True)
-        thread.start()
-        thread.join(self.timeout_s)
+        with activity("NVML snapshot (nvmlInit and the queries of every GPU)"):
+            thread.start()
+            thread.join(self.timeout_s)
+            return self._judge(thread, box)
+
+    def _judge(self, thread: threading.Thread, box: dict[str, Any]) -> GpuSnapshot:
         if thread.is_alive():
             warm = self._driver_warm()
             if warm is not None:

@@ -312,7 +312,7 @@ def test_a_hung_driver_drains_within_the_budget(tmp_path: Path, cluster: FakeSlu
     assert "FAIL gpu_visible NvmlNotAnswering (scope node): NVML did not answer within 1.5 s " \
            f"although the driver is initialised (nvidia-persistenced (pid {persistence_daemon}) " \
            "runs)" in err
-    assert took < 8 + 1.5  # the budget, plus the start of a process on a loaded machine
+    assert took < 8 + 3  # the budget, plus a process's start and end on a loaded machine
 
 
 def test_a_slow_first_initialisation_is_undecided_not_a_drain(tmp_path: Path,
@@ -323,7 +323,7 @@ def test_a_slow_first_initialisation_is_undecided_not_a_drain(tmp_path: Path,
     rc, err = _prolog(tmp_path, cluster, None, env=env)
     assert rc == 0 and cluster.calls() == []
     assert "ERROR gpu_visible ProbeTimeout" in err and "may be slow rather than hung" in err
-    assert time.monotonic() - started < 8 + 1.5
+    assert time.monotonic() - started < 8 + 3
 
 
 def test_the_watchdog_ends_a_run_that_hangs_where_no_deadline_reaches(
@@ -346,7 +346,7 @@ def test_the_watchdog_ends_a_run_that_hangs_where_no_deadline_reaches(
     err = proc.stderr.read()
     proc.stdin.close()
     proc.stderr.close()
-    assert time.monotonic() - started < 3 + 1.5
+    assert time.monotonic() - started < 3 + 3
     assert proc.returncode == 0 and cluster.calls() == []
     assert ("the run reached its 3 s budget (prolog_budget_s) while loading the configuration; "
             "letting the job run") in err

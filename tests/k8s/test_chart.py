@@ -116,12 +116,15 @@ def test_the_daemonsets_config_and_root_are_accepted_by_preflight(tmp_path: Path
 
 def test_prometheus_rule_is_the_deploy_rule_file_itself() -> None:
     """One source: the chart's files/ entry is a symlink into deploy/, and what Helm renders
-    equals deploy/prometheus/preflight-rules.yaml group for group."""
+    equals deploy/prometheus/preflight-rules.yaml group for group, but for the DaemonSet the
+    kube-state-metrics rule watches (this release's; tests/k8s/test_chart_monitoring.py)."""
     link = CHART / "files" / "preflight-rules.yaml"
     assert link.is_symlink()
     assert link.resolve() == RULES.resolve()
     rule = by_kind(objects(render({"prometheusRule": {"enabled": True}})), "PrometheusRule")
-    assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+    text = RULES.read_text().replace('daemonset=~".*cluster-preflight.*"',
+                                     'namespace="monitoring", daemonset="pf-cluster-preflight"')
+    assert rule["spec"]["groups"] == yaml.safe_load(text)["groups"]
 
 
 def test_dashboard_configmap_is_the_deploy_dashboard_itself() -> None:
@@ -144,34 +147,42 @@ def test_a_packaged_chart_carries_the_rules_not_a_link(tmp_path: Path) -> None:
     chart = helm.Chart.load_archive(Path(archive).read_bytes())
     out = chart.render({"prometheusRule": {"enabled": True}}, name="pf", namespace="m")
     rule = by_kind(objects(out), "PrometheusRule")
-    assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+    text = RULES.read_text().replace('daemonset=~".*cluster-preflight.*"',
+                                     'namespace="m", daemonset="pf-cluster-preflight"')
+    assert rule["spec"]["groups"] == yaml.safe_load(text)["groups"]
 
 
 @needs_promtool
-@pytest.mark.parametrize("base", ["", "https://git.example.com/cluster-preflight/blob/main/"])
+@pytest.mark.parametrize("base", ["https://git.example.com/ops/runbooks/"])
 def test_rendered_rules_pass_promtool_check_and_the_rule_unit_tests(tmp_path: Path,
-                                                                    base: str) -> None:
+                                                                    base: str | None) -> None:
+    """(The default base is the deploy/ file's own: tests/alerts runs those unit tests.)"""
     assert PROMTOOL is not None
-    rule = by_kind(objects(render({"prometheusRule": {"enabled": True, "runbookBaseURL": base}})),
-                   "PrometheusRule")
+    values: dict[str, Any] = {"enabled": True}
+    if base:
+        values["runbookBaseURL"] = base
+    # the DaemonSet the unit tests' kube-state-metrics series name
+    rule = by_kind(objects(render({"prometheusRule": values}, name="preflight",
+                                  namespace="gpu-monitoring")), "PrometheusRule")
     rules_file = tmp_path / "rendered-rules.yaml"
     rules_file.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
     check = subprocess.run([PROMTOOL, "check", "rules", str(rules_file)], capture_output=True,
                            text=True, timeout=60, check=False)
     assert check.returncode == 0, check.stdout + check.stderr
-    # the unit tests of deploy/, pointed at the rendered rules
+    # the unit tests of deploy/, pointed at the rendered rules and expecting their runbook_url
+    default = yaml.safe_load((CHART / "values.yaml").read_text())["prometheusRule"][
+        "runbookBaseURL"]
     tests = yaml.safe_load(RULES_TEST.read_text())
     tests["rule_files"] = [str(rules_file)]
-    if base:  # runbook_url is asserted by the unit tests: expect the prefixed one
-        text = yaml.safe_dump(tests).replace("runbook_url: docs/", f"runbook_url: {base}docs/")
-    else:
-        text = yaml.safe_dump(tests)
+    text = yaml.safe_dump(tests).replace(f"runbook_url: {default}", f"runbook_url: {base}") \
+        if base else yaml.safe_dump(tests)
     (tmp_path / "rendered-rules.test.yaml").write_text(text)
     test = subprocess.run([PROMTOOL, "test", "rules", str(tmp_path / "rendered-rules.test.yaml")],
                           capture_output=True, text=True, timeout=120, check=False)
     assert test.returncode == 0, test.stdout + test.stderr
-    urls = {r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]}
-    assert all(u.startswith(f"{base}docs/runbooks/") for u in urls), urls
+    urls = {r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]
+            if "alert" in r}
+    assert all(u.startswith(base or default) and u.endswith(".md") for u in urls), urls
 
 
 def test_service_monitor_scrapes_as_the_job_the_alerts_expect() -> None:

@@ -386,11 +386,15 @@ class HookRun:
         self.outcome.timestamp_s = time.time()
         self.outcome.duration_s = self.budget.elapsed()
         report = self.outcome.report if self.hook == "prolog" else None
-        data = render(MetricsSnapshot(report=report)) if report is not None else b""
         try:
+            data = render(MetricsSnapshot(report=report)) if report is not None else b""
             replace_file(path, data + render_hook(self.outcome))
         except OSError as exc:
             self.say(f"cannot write the metrics to --prom-file {path}: {exc.strerror or exc}")
+        except Exception as exc:  # the metrics never decide the exit code, a bug here included
+            log.debug("traceback of the --prom-file error", exc_info=True)
+            self.say(f"internal error while writing --prom-file {path}: {type(exc).__name__}: "
+                     f"{exc}")
 
 
 def _early_budget(env: Mapping[str, str]) -> float:

@@ -359,3 +359,11 @@ def test_prolog_help_has_no_raw_markup() -> None:
     for words in ("--report-only", "--resume", "--prom-file", "prolog_budget_s",
                   "max_drain_fraction", "docs/slurm.md"):
         assert words in proc.stdout
+
+
+def test_a_prom_file_that_cannot_be_written_changes_no_verdict(tmp_path: Path,
+                                                               cluster: FakeSlurm) -> None:
+    rc, err = _prolog(tmp_path, cluster, topologies.lost_gpu(3), "--prom-file",
+                      str(tmp_path / "no-such-dir" / "p.prom"))
+    assert rc == 1 and cluster.node(NODE)["state"] == "IDLE+DRAIN"
+    assert "cannot write the metrics to --prom-file" in err

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-_SCRIPT = r'''#!{python}
+_SCRIPT = r'''#!{python} -S
 import json, sys
 path = {state!r}
 with open(path) as f:

@@ -54,7 +54,8 @@ def _epilog(tmp_path: Path, slurm: FakeSlurm, snap: GpuSnapshot, *args: str,
     fixture = write_fixture(tmp_path / "nvml.json", snap)
     proc = run_cli(["epilog", *slurm.args(), *args], fixture=fixture,
                    env={"SLURMD_NODENAME": NODE, "SLURM_JOB_ID": JOB, "SLURM_JOB_GPUS": "0,1",
-                        "PREFLIGHT_STATE_DIR": str(tmp_path / "state"), **(env or {})})
+                        "PREFLIGHT_STATE_DIR": str(tmp_path / "state"),
+                        "PREFLIGHT_PROLOG_BUDGET_S": "30", **(env or {})})
     assert "Traceback" not in proc.stderr
     return proc.returncode, proc.stderr
 

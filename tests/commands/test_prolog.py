@@ -35,9 +35,11 @@ def cluster(tmp_path: Path) -> FakeSlurm:
 def _prolog(tmp_path: Path, slurm: FakeSlurm, snap: GpuSnapshot | None, *args: str,
             env: dict[str, str] | None = None) -> tuple[int, str]:
     fixture = write_fixture(tmp_path / "nvml.json", snap) if snap is not None else None
+    # A roomy budget: these tests are about the verdicts, on a machine that may be loaded (the
+    # budget's own tests below set theirs).
     proc = run_cli(["prolog", *slurm.args(), "--skip", SKIP, *args], fixture=fixture,
                    env={"SLURMD_NODENAME": NODE, "PREFLIGHT_STATE_DIR": str(tmp_path / "state"),
-                        **(env or {})})
+                        "PREFLIGHT_PROLOG_BUDGET_S": "30", **(env or {})})
     assert "Traceback" not in proc.stderr
     return proc.returncode, proc.stderr
 
@@ -303,7 +305,7 @@ def _fifo(tmp_path: Path) -> Path:
 def test_a_hung_driver_drains_within_the_budget(tmp_path: Path, cluster: FakeSlurm,
                                                 persistence_daemon: int) -> None:
     env = {"PREFLIGHT_NVML_FIXTURE": str(_fifo(tmp_path)), "PREFLIGHT_CHECK_TIMEOUT_S": "3",
-           "PREFLIGHT_GPU_PROBE_TIMEOUT_S": "1.5"}
+           "PREFLIGHT_GPU_PROBE_TIMEOUT_S": "1.5", "PREFLIGHT_PROLOG_BUDGET_S": "8"}
     started = time.monotonic()
     rc, err = _prolog(tmp_path, cluster, None, env=env)
     took = time.monotonic() - started
@@ -318,7 +320,7 @@ def test_a_hung_driver_drains_within_the_budget(tmp_path: Path, cluster: FakeSlu
 def test_a_slow_first_initialisation_is_undecided_not_a_drain(tmp_path: Path,
                                                               cluster: FakeSlurm) -> None:
     env = {"PREFLIGHT_NVML_FIXTURE": str(_fifo(tmp_path)), "PREFLIGHT_CHECK_TIMEOUT_S": "2.5",
-           "PREFLIGHT_GPU_PROBE_TIMEOUT_S": "1"}
+           "PREFLIGHT_GPU_PROBE_TIMEOUT_S": "1", "PREFLIGHT_PROLOG_BUDGET_S": "8"}
     started = time.monotonic()
     rc, err = _prolog(tmp_path, cluster, None, env=env)
     assert rc == 0 and cluster.calls() == []

@@ -37,6 +37,8 @@ SUBCOMMAND_MODULES = (
     "preflight.commands.serve",
     "preflight.commands.explain",
     "preflight.commands.prolog",
+    "preflight.commands.epilog",
+    "preflight.commands.xid",
     "preflight.commands.cluster",
     "preflight.commands.lint",
     "preflight.commands.docs",
@@ -204,15 +206,15 @@ def _prolog_usage_fail_open(argv: Sequence[str], exc: SystemExit) -> int:
     ``--fail-closed`` is among the arguments. Other commands keep argparse's exit (2; 0 for
     --help)."""
     code = exc.code if isinstance(exc.code, int) else 2
-    commands = {"check", "bench", "fingerprint", "diff", "serve", "explain", "prolog",
-                "cluster", "lint", "docs"}
+    commands = {"check", "bench", "fingerprint", "diff", "serve", "explain", "prolog", "epilog",
+                "xid", "cluster", "lint", "docs"}
     command = next((a for a in argv if a in commands), None)
-    if code == 0 or command != "prolog":
+    if code == 0 or command not in ("prolog", "epilog"):
         raise exc
-    if "--fail-closed" in argv:
+    if "--fail-closed" in argv and "--report-only" not in argv:
         return int(ExitCode.FAILED)
-    print("preflight prolog: usage error in the prolog's command line (above); letting the job "
-          "run (--fail-closed would drain the node)", file=sys.stderr)
+    print(f"preflight {command}: usage error in the {command}'s command line (above); letting "
+          "the job run (--fail-closed would drain the node)", file=sys.stderr)
     return int(ExitCode.OK)
 
 

@@ -7,6 +7,7 @@ import sys
 
 from preflight.checks import CHECKS, GPU_LOAD_CHECKS
 from preflight.checks.site import site_checks
+from preflight.checks.versions import check_targets
 from preflight.cli import Formatter, add_config_options, build_context, emit_report, report_exit
 from preflight.core.result import ExitCode, Report, Status
 from preflight.core.runner import SelectionError, run_checks, select
@@ -99,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
     except SelectionError as exc:
         print(f"preflight check: {exc}", file=sys.stderr)
         return int(ExitCode.USAGE)
+    # A --python or golden file that cannot be used is a configuration error (exit 2), not a
+    # verdict about this node.
+    check_targets(ctx.config, [c.name for c in checks], timeout_s=ctx.config.check_timeout_s)
     report = run_checks(ctx, checks)
     if args.prom_file:
         from preflight.outputs.prom import write_textfile

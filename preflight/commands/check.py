@@ -9,6 +9,7 @@ from preflight.checks import CHECKS, GPU_LOAD_CHECKS
 from preflight.cli import Formatter, add_config_options, build_context, emit_report, report_exit
 from preflight.core.result import ExitCode
 from preflight.core.runner import SelectionError, run_checks, select
+from preflight.core.textsafe import escape
 
 
 def _names(text: str) -> list[str]:
@@ -53,7 +54,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "its own)")
     p.add_argument("--prom-file", metavar="PATH",
                    help="also write the metrics in node_exporter textfile format to PATH "
-                        "(atomically: temp file + rename)")
+                        "(a regular file or a new path, replaced atomically; a symlink is "
+                        "followed; a device or FIFO is refused). A failed write is reported on "
+                        "stderr and never changes the verdict or the exit code")
     add_config_options(p)
     p.set_defaults(func=run)
 
@@ -73,9 +76,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"preflight check: {exc}", file=sys.stderr)
         return int(ExitCode.USAGE)
     report = run_checks(ctx, checks)
-    if args.prom_file:
-        from preflight.outputs.prom import write_textfile
-
-        write_textfile(report, args.prom_file)
     emit_report(report, as_json=args.json)
+    if args.prom_file:
+        sys.stdout.flush()  # the verdict is out before a slow or failing disk is touched
+        from preflight.outputs.prom import TextfileError, write_textfile
+
+        try:
+            write_textfile(report, args.prom_file)
+        except TextfileError as exc:
+            # The metrics file is a side channel: its failure never changes the verdict.
+            print(f"preflight check: --prom-file {escape(str(exc), 600)}", file=sys.stderr)
     return report_exit(report, strict=args.strict)

@@ -30,6 +30,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from preflight.core.boundedio import file_kind
+
 #: The gauge every textfile carries: 0 after a full write, 1 in the short file left by a failed one.
 ERROR_METRIC = "preflight_textfile_write_error"
 #: Families kept in the short file a failed write leaves (what alerts on the verdict need).
@@ -40,14 +42,6 @@ ESSENTIAL_FAMILIES = ("preflight_node_healthy", "preflight_node_undecided",
 class TextfileError(OSError):
     """The metrics file was not written (refused path, full disk, ...); the message says which,
     and what was left at the path."""
-
-
-def _kind(mode: int) -> str:
-    return ("a directory" if stat.S_ISDIR(mode) else
-            "a FIFO" if stat.S_ISFIFO(mode) else
-            "a character device" if stat.S_ISCHR(mode) else
-            "a block device" if stat.S_ISBLK(mode) else
-            "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
 
 
 def destination(path: str | os.PathLike[str]) -> Path:
@@ -72,7 +66,7 @@ def destination(path: str | os.PathLike[str]) -> Path:
                             "file or a path that does not exist yet")
     if not stat.S_ISREG(st.st_mode):
         via = f" (through the symlink {given})" if target != given else ""
-        raise TextfileError(f"{target}{via} is {_kind(st.st_mode)}; refusing to write metrics "
+        raise TextfileError(f"{target}{via} is {file_kind(st.st_mode)}; refusing to write metrics "
                             "there: --prom-file takes a regular file or a path that does not "
                             "exist yet (it is replaced by rename)")
     return target

@@ -30,6 +30,7 @@ from typing import Any, Protocol, TypeVar
 
 import psutil
 
+from preflight.core.boundedio import read_small_text
 from preflight.jobenv.netvars import IbPort, IfAddr, parse_ib_state
 
 T = TypeVar("T")
@@ -153,7 +154,7 @@ class IbSnapshot:
 
 def _read(path: Path) -> str:
     try:
-        return path.read_text(errors="replace").strip()
+        return read_small_text(path)  # bounded; a FIFO or device is refused unread
     except OSError:
         return ""
 
@@ -315,7 +316,7 @@ def free_port_near(port: int, *, tries: int = 64) -> int | None:
     low, high = 32768, 60999
     with contextlib.suppress(OSError, ValueError):
         low, high = (int(x) for x in
-                     Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+                     read_small_text("/proc/sys/net/ipv4/ip_local_port_range").split())
     candidate = port
     for _ in range(tries):
         candidate += 1

@@ -1,8 +1,9 @@
 # cluster-preflight images (docs/kubernetes.md).
 #
 #   node  preflight, NVML bindings and the daemon; no torch. The DaemonSet and the init container.
-#   full  node plus torch for the all-reduce bandwidth test and multi-node runs (the torch-free
-#         NCCL engine replaces it once it lands; TORCH_SPEC / TORCH_INDEX_URL choose the build).
+#   full  node plus torch: the bandwidth tests' torch workers and `preflight cluster`'s
+#         rendezvous. The torch-free engine (the nccl4py extra) is in neither image.
+#         TORCH_SPEC / TORCH_INDEX_URL choose the torch build.
 #
 # BASE must hold python3 (>= 3.10) with its venv module (CI: a debootstrap bookworm with python3).
 # Build:  buildah bud --target node -t cluster-preflight:node .   (or docker build --target node)
@@ -14,8 +15,9 @@ COPY deploy/image/requirements-node.txt /tmp/requirements-node.txt
 RUN python3 -m venv /opt/preflight \
  && /opt/preflight/bin/python -m pip install --no-cache-dir --disable-pip-version-check \
       --only-binary=:all: -r /tmp/requirements-node.txt
-COPY pyproject.toml README.md /src/
+COPY pyproject.toml setup.py README.md /src/
 COPY preflight /src/preflight
+COPY docs /src/docs
 RUN /opt/preflight/bin/python -m pip install --no-cache-dir --disable-pip-version-check \
       --no-deps --no-build-isolation /src \
  && /opt/preflight/bin/preflight --version

@@ -13,6 +13,7 @@ import io
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -20,9 +21,10 @@ from typing import Any
 from preflight import __version__
 from preflight.core import aborting
 from preflight.core.config import Config, ConfigError, load
-from preflight.core.context import Context, make_context
+from preflight.core.context import Context
 from preflight.core.result import ExitCode, Report, exit_code
 from preflight.core.textsafe import escape
+from preflight.probes.node import make_context
 
 log = logging.getLogger("preflight")
 
@@ -37,6 +39,7 @@ SUBCOMMAND_MODULES = (
     "preflight.commands.prolog",
     "preflight.commands.cluster",
     "preflight.commands.lint",
+    "preflight.commands.docs",
 )
 
 EPILOG = """\
@@ -44,7 +47,7 @@ exit codes: 0 ok (nothing worse than WARN), 1 a check failed (node is bad),
             2 usage or configuration error, 3 could not decide (a check errored or timed out)
 environment: PREFLIGHT_<KEY>=value overrides any config key (PREFLIGHT_EXPECT_GPUS=8);
              PREFLIGHT_CONFIG=FILE names the config file.
-docs: README.md and docs/ in the source tree."""
+docs: preflight docs lists the documentation topics; preflight docs TOPIC prints one."""
 
 
 class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -55,15 +58,22 @@ class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionH
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if "default" in text or action.default in (None, False, [], argparse.SUPPRESS):
+        if "default" in text or action.default in (None, False, [], "", argparse.SUPPRESS):
             return text
         return super()._get_help_string(action)
+
+
+def help_text(doc: str | None) -> str:
+    """A docstring as ``--help`` text: reST's ``literal`` marks and ``:role:`name``` dropped, so
+    a terminal shows the words, not the markup."""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc or "")
+    return text.replace("``", "")
 
 
 def add_config_options(p: argparse.ArgumentParser) -> None:
     """Options every node-checking command shares."""
     p.add_argument("--config", metavar="FILE",
-                   help="YAML or TOML config file (keys: see docs/configuration.md); "
+                   help="YAML or TOML config file (keys: preflight docs configuration); "
                         "default $PREFLIGHT_CONFIG, else built-in defaults")
     p.add_argument("--root", metavar="DIR", default="/",
                    help="where the host filesystem is mounted (a container mounting the host at "
@@ -195,7 +205,7 @@ def _prolog_usage_fail_open(argv: Sequence[str], exc: SystemExit) -> int:
     --help)."""
     code = exc.code if isinstance(exc.code, int) else 2
     commands = {"check", "bench", "fingerprint", "diff", "serve", "explain", "prolog",
-                "lint"}
+                "cluster", "lint", "docs"}
     command = next((a for a in argv if a in commands), None)
     if code == 0 or command != "prolog":
         raise exc

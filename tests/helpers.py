@@ -43,3 +43,13 @@ def cli_json(args: Sequence[str], **kwargs: Any) -> tuple[int, dict[str, Any]]:
     except json.JSONDecodeError as exc:
         raise AssertionError(f"not JSON (rc={proc.returncode}): {proc.stdout!r} "
                              f"stderr={proc.stderr!r}") from exc
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie, dead but not yet reaped, counts as gone)."""
+    try:
+        os.kill(pid, 0)
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    return state != "Z"

@@ -61,8 +61,9 @@ def visible_gpus(ctx: Context) -> tuple[tuple[Gpu, ...], int, str | None]:
     snap = ctx.gpus()
     if not snap.available:
         return (), 0, snap.error or "NVML is not available"
-    res = cuda_visible.resolve(cuda_visible.parse(ctx.env.get("CUDA_VISIBLE_DEVICES")), snap,
-                      device_order=ctx.env.get("CUDA_DEVICE_ORDER", cuda_visible.ORDER_PCI))
+    res = cuda_visible.resolve_devices(
+        cuda_visible.parse(ctx.env.get("CUDA_VISIBLE_DEVICES")), snap,
+        device_order=ctx.env.get("CUDA_DEVICE_ORDER", cuda_visible.ORDER_PCI))
     gpus = () if res.duplicate else tuple(d.gpu for d in res.devices)
     return gpus, len(gpus), None
 

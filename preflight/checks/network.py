@@ -32,6 +32,7 @@ from typing import Any
 
 from preflight.core.context import Context
 from preflight.core.result import Finding, Result, Scope, Status, fold
+from preflight.jobenv.launcher import env_int
 from preflight.jobenv.netvars import (
     IbSelection,
     ParseError,
@@ -52,9 +53,9 @@ NAME = "network"
 
 
 def multi_node(ctx: Context) -> tuple[bool, str]:
-    return is_multi_node(world_size=ctx.env_int("WORLD_SIZE"),
-                         local_world_size=ctx.env_int("LOCAL_WORLD_SIZE"),
-                         slurm_nodes=ctx.env_int("SLURM_JOB_NUM_NODES"),
+    return is_multi_node(world_size=env_int(ctx.env, "WORLD_SIZE"),
+                         local_world_size=env_int(ctx.env, "LOCAL_WORLD_SIZE"),
+                         slurm_nodes=env_int(ctx.env, "SLURM_JOB_NUM_NODES"),
                          forced=ctx.config.multi_node)
 
 
@@ -237,7 +238,7 @@ def _route(ctx: Context, snap: NetSnapshot, sel: Selection, *, bootstrap: tuple[
     # A MASTER_ADDR that is malformed or does not resolve is master_port's to report (one fault,
     # one owner); here it only means the route cannot be judged.
     try:
-        addrs = ctx.resolve(parse_master_addr(raw).host)
+        addrs = ctx.resolve_host(parse_master_addr(raw).host)
     except (ParseError, socket.gaierror):
         addrs = ()
     if not addrs:

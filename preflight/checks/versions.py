@@ -49,7 +49,10 @@ MAX_LISTED = 8
 
 def fingerprint_of(ctx: Context) -> dict[str, Any]:
     """This run's fingerprint, gathered once and shared (the check, the report, the metrics)."""
-    return ctx.cached("fingerprint", lambda: fpmod.gather(ctx))
+    cfg = ctx.config
+    return ctx.cached("fingerprint", lambda: fpmod.gather(
+        python=cfg.python, watched=cfg.watched_packages, hash_paths=cfg.hash_paths, env=ctx.env,
+        timeout_s=min(fpmod.PYENV_TIMEOUT_S, 0.8 * cfg.check_timeout_s), gpus=ctx.gpus))
 
 
 def _remedy(diffs: list[fpmod.Difference], python: str | None) -> str:

@@ -30,7 +30,7 @@ from preflight.core.context import Context
 from preflight.core.procgroup import GroupTimeout, run_in_group
 from preflight.core.result import SCHEMA_VERSION, ExitCode, Status, exit_code, worst
 from preflight.core.runner import run_checks, select
-from preflight.probes.net import probe_interfaces, resolve, route_source
+from preflight.probes.net import probe_interfaces, resolve_host, route_source
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ Progress = Callable[[str], None]
 def node_facts(ctx: Context, opts: ClusterOptions, settings: RunSettings) -> dict[str, Any]:
     """What this node tells the others on arrival: who it is, and the facts parity compares."""
     try:
-        family, target = resolve(opts.master_addr, timeout_s=min(5.0, opts.timeout_s))[0]
+        family, target = resolve_host(opts.master_addr, timeout_s=min(5.0, opts.timeout_s))[0]
         addr: str | None = route_source(family, target)
     except (OSError, TimeoutError, IndexError):
         addr = None

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from preflight.cluster.options import ClusterOptions, ClusterUsageError
-from preflight.probes.net import resolve, with_deadline
+from preflight.probes.net import resolve_host, with_deadline
 
 PREFIX = "preflight-cluster/"
 #: Waiting is cut into slices of this length, so deadlines are checked while nothing arrives.
@@ -76,7 +76,7 @@ class Rendezvous:
 
         master = f"{opts.master_addr}:{opts.master_port}"
         try:
-            resolve(opts.master_addr, timeout_s=min(10.0, opts.timeout_s))
+            resolve_host(opts.master_addr, timeout_s=min(10.0, opts.timeout_s))
         except (OSError, TimeoutError) as exc:
             raise ClusterUsageError(
                 f"the master address {opts.master_addr!r} does not resolve ({exc}); pass "

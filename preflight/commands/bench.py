@@ -69,7 +69,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="busbw floor in GB/s at the largest size (default: min_busbw_gbps, else "
                         "the built-in table: FAIL below 0.9 x expected)")
     p.add_argument("--timeout", type=float, metavar="S",
-                   help="deadline of the whole run in seconds (default bench_timeout_s, 120)")
+                   help="deadline of the whole run in seconds (default: bench_timeout_s, 120; with "
+                        "--gpu gpu_speed_timeout_s, 30)")
     p.add_argument("--python", metavar="PATH",
                    help="interpreter whose torch/NCCL the workers use: the training environment "
                         "(default: config key python, else the one running preflight)")
@@ -81,7 +82,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="instead of the all-reduce: per-GPU device copy, pinned host<->device "
                         "copies and bf16 matrix multiply against each GPU's limits and the node "
                         "median (the gpu_speed check; GPUs in use are measured too, with a note; "
-                        "docs/gpu-speed.md)")
+                        "preflight docs gpu-speed)")
     p.add_argument("--gpu-engine", choices=("auto", "cuda", "torch", "cpu"),
                    help="with --gpu: worker engine (default gpu_speed_engine, auto: cuda-bindings"
                         " + cuBLAS, else torch; cpu is a plumbing test)")

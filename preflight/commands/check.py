@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from preflight.checks import CHECKS, GPU_LOAD_CHECKS
+from preflight.checks.site import site_checks
 from preflight.cli import Formatter, add_config_options, build_context, emit_report, report_exit
 from preflight.core.result import ExitCode
 from preflight.core.runner import SelectionError, run_checks, select
@@ -22,7 +23,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "check", formatter_class=Formatter,
         help="run the node-local checks once (Slurm prolog, init container, a person)",
         description="Run the node-local checks once and print a verdict per check.\n\n"
-                    f"checks:\n{checks}",
+                    f"checks:\n{checks}\n\nand the site checks the config's site_checks "
+                    "adds (preflight docs site-checks).",
         epilog="exit codes: 0 ok or warnings, 1 a check failed, 2 usage/config error, "
                "3 a check errored or timed out")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of a table")
@@ -70,8 +72,9 @@ def run(args: argparse.Namespace) -> int:
     names = {c.name for c in CHECKS}
     skip = [*args.skip, *([n for n in GPU_LOAD_CHECKS if n in names]
                           if args.no_bandwidth else [])]
+    every = (*CHECKS, *site_checks(ctx.config, names))
     try:
-        checks = select(CHECKS, only=args.only, skip=skip)
+        checks = select(every, only=args.only, skip=skip)
     except SelectionError as exc:
         print(f"preflight check: {exc}", file=sys.stderr)
         return int(ExitCode.USAGE)

@@ -34,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                     "1, or an init container per pod). The agents meet on a TCPStore at the "
                     "master, run the node checks, compare versions and node facts, time an "
                     "all-reduce over every GPU of every node and, when it is slow, find the "
-                    "slow node in three rounds. See docs/cluster.md.",
+                    "slow node in three rounds. See: preflight docs cluster.",
         epilog="exit codes: 0 ok, 1 a node or the network failed, 2 usage error, 3 undecided")
     p.add_argument("--nnodes", type=int, metavar="N",
                    help="nodes in the job (default NNODES / GROUP_WORLD_SIZE / SLURM_NNODES)")
@@ -64,7 +64,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--engine", choices=("auto", "torch", "nccl4py"),
                    help="what the all-reduce workers run (default bench_engine, auto): nccl4py "
                         "(no torch in the workers; auto takes it when every node's workers can "
-                        "import it) or torch.distributed; see docs/cluster.md")
+                        "import it) or torch.distributed; see preflight docs cluster")
     p.add_argument("--python", metavar="PATH",
                    help="the training environment's interpreter (fingerprint and workers)")
     p.add_argument("--json", action="store_true", help="print the JSON verdict")

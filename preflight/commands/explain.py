@@ -1,4 +1,4 @@
-"""``preflight explain FILE... [--json]``: classify a failed job's logs (issue 6).
+"""``preflight explain FILE... [--json]``: classify a failed job's logs.
 
 Exit codes: 0 nothing recognised, 1 findings, 2 usage error (a missing or unreadable file, a
 directory or a device: only regular files and pipes end).
@@ -24,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description="Read the logs of a failed torchrun job (any size, streamed) and print the "
                     "failure classes found, root cause first: layer (environment, "
                     "communication, data, model, hardware), evidence lines, ranks involved and "
-                    "the fix. Reasons: docs/explain.md.",
+                    "the fix. Reasons: preflight docs explain.",
         epilog="exit codes: 0 nothing recognised, 1 findings, 2 usage error (a missing file, a "
                "directory or a device)")
     p.add_argument("files", nargs="+", metavar="FILE",

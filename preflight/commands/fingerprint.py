@@ -61,12 +61,12 @@ def _human(fp: dict[str, Any]) -> str:
 
 
 def run_fingerprint(args: argparse.Namespace) -> int:
-    from preflight.probes.fingerprint import gather
+    from preflight.checks.versions import fingerprint_of
     from preflight.probes.pyenv import PyEnvError
 
     ctx = build_context(args, {"python": args.python})
     try:
-        fp = gather(ctx)
+        fp = fingerprint_of(ctx)
     except PyEnvError as exc:
         print(f"preflight fingerprint: {exc}", file=sys.stderr)
         return int(ExitCode.UNDECIDED if exc.kind == "timeout" else ExitCode.FAILED)

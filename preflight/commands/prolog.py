@@ -32,7 +32,8 @@ import sys
 from pathlib import Path
 
 from preflight.checks import CHECKS, GPU_LOAD_CHECKS
-from preflight.cli import Formatter, add_config_options, build_context
+from preflight.checks.site import site_checks
+from preflight.cli import Formatter, add_config_options, build_context, help_text
 from preflight.core.config import ConfigError
 from preflight.core.procgroup import GroupTimeout, run_in_group
 from preflight.core.result import Report, Scope, Status
@@ -57,7 +58,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser(
         "prolog", formatter_class=Formatter,
         help="run the node checks as a Slurm prolog: drain this node with the reason on FAIL",
-        description=__doc__, epilog="exit codes: 0 go (PASS, WARN, or undecided without "
+        description=help_text(__doc__), epilog="exit codes: 0 go (PASS, WARN, or undecided without "
         "--fail-closed), 1 this node is bad (drained)")
     p.add_argument("--expect-gpus", type=int, metavar="N",
                    help="GPUs this node must show (default: from SLURM_JOB_GPUS, else >= 1)")
@@ -138,7 +139,8 @@ def _judge(args: argparse.Namespace, node: str, scontrol: str) -> int:
         skip = [s for s in args.skip.split(",") if s]
         if not args.bandwidth:
             skip += GPU_LOAD_CHECKS
-        checks = select(CHECKS, skip=skip)
+        every = (*CHECKS, *site_checks(ctx.config, [c.name for c in CHECKS]))
+        checks = select(every, skip=skip)
     except (ConfigError, SelectionError) as exc:
         _say(f"configuration error: {exc}")
         if args.fail_closed:

@@ -26,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                     "bandwidth test runs every --bandwidth-interval seconds, only while no "
                     "process uses the GPUs. SIGHUP reloads the config; SIGTERM stops.",
         epilog="exit codes: 0 stopped by SIGTERM/SIGINT, 2 usage or configuration error "
-               "(bad config, address in use). Details: docs/daemon.md")
+               "(bad config, address in use). Details: preflight docs daemon")
     p.add_argument("--listen", metavar="HOST:PORT",
                    help="address to serve on, exactly as given ([::1]:9857 for IPv6, port 0 = "
                         "any free port) (config key listen; default 127.0.0.1:9857)")

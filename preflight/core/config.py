@@ -1,17 +1,19 @@
 """Configuration: named defaults < a file (TOML or YAML) < ``PREFLIGHT_*`` variables < the CLI.
 
 Loaded once, validated at start: an unknown key or a wrong type is a :class:`ConfigError` that names
-the key and where it came from, and the CLI exits 2 on it.
+the key and where it came from, and the CLI exits 2 on it. Values are numbers, strings, flags and
+lists of strings; ``site_checks`` is a list of tables (:class:`SiteCheck`), set in a file only.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import sys
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,35 @@ DEFAULT_WATCHED_PACKAGES = (
 
 class ConfigError(ValueError):
     """A configuration value is unknown, of the wrong type, or out of range."""
+
+
+@dataclass(frozen=True)
+class SiteCheck:
+    """A check a site adds without editing preflight: an executable run with a deadline whose
+    exit status is the verdict and whose first line of output is the message
+    (docs/site-checks.md). One table of ``site_checks`` in the config file.
+
+    Attributes:
+        name: the check's name in the report, ``--only`` / ``--skip`` and the metric label
+            (lower case, digits, ``_``; not a built-in check's name).
+        path: absolute path of the executable (run directly, never through a shell).
+        args: its arguments.
+        timeout_s: its deadline, seconds; at the deadline its whole process group is killed.
+        scope: whose fault its FAIL or WARN is: ``node`` (the prolog drains on FAIL) or ``job``.
+        reason: the reason token of its FAIL and WARN (CamelCase); None: ``SiteCheckFailed`` /
+            ``SiteCheckWarning``.
+        remedy: what to do when it fails, shown with the verdict.
+        summary: one line saying what it verifies.
+    """
+
+    name: str
+    path: str
+    args: tuple[str, ...] = ()
+    timeout_s: float = 10.0
+    scope: str = "node"
+    reason: str | None = None
+    remedy: str = ""
+    summary: str = ""
 
 
 @dataclass(frozen=True)
@@ -98,6 +129,8 @@ class Config:
     bandwidth_interval_s: float = 3600.0
     #: Daemon: where to listen.
     listen: str = "127.0.0.1:9857"
+    #: Checks the site adds: executables with a deadline (docs/site-checks.md); file only.
+    site_checks: tuple[SiteCheck, ...] = ()
 
     def replace(self, **changes: Any) -> Config:
         return validate(dataclasses.replace(self, **changes), source="arguments")
@@ -132,7 +165,17 @@ def cut(text: str, limit: int = 200) -> str:
 
 def _coerce(key: str, value: Any, source: str, *, from_text: bool) -> Any:
     """``value`` as the type of ``Config.<key>``, or ConfigError naming the key and source."""
-    hint = _HINTS[key]
+    if key in _TABLES:
+        if from_text:
+            raise ConfigError(f"{source}: {key} is a list of tables: set it in the config file "
+                              "(docs/configuration.md)")
+        return _coerce_tables(key, value, source)
+    return _coerce_value(key, _HINTS[key], value, source, from_text=from_text)
+
+
+def _coerce_value(key: str, hint: Any, value: Any, source: str, *, from_text: bool) -> Any:
+    """``value`` as type ``hint`` (a field of Config or of one of its tables), or ConfigError
+    naming ``key`` and ``source``."""
     args = typing.get_args(hint)
     optional = (typing.get_origin(hint) in (typing.Union, types.UnionType)) and type(None) in args
     base = next((a for a in args if a is not type(None)), hint) if optional else hint
@@ -186,6 +229,70 @@ def _coerce(key: str, value: Any, source: str, *, from_text: bool) -> Any:
     raise ConfigError(f"{source}: {key} must be {kinds[want]}{unset}, got {shown(value)}")
 
 
+#: Config keys that hold a list of tables, and the table's type.
+_TABLES: dict[str, type[SiteCheck]] = {"site_checks": SiteCheck}
+#: Most tables in one list (a site adds a handful of checks).
+MAX_TABLES = 64
+
+
+def _coerce_tables(key: str, value: Any, source: str) -> tuple[Any, ...]:
+    """A list of tables (YAML: a list of mappings; TOML: ``[[key]]``) as ``_TABLES[key]``
+    instances; every error names the entry (``site_checks[2].timeout_s``)."""
+    kind = _TABLES[key]
+    fields = {f.name: f for f in dataclasses.fields(kind)}
+    hints = typing.get_type_hints(kind)
+    required = [n for n, f in fields.items() if f.default is dataclasses.MISSING]
+    if not isinstance(value, list):
+        raise ConfigError(f"{source}: {key} must be a list of tables ({', '.join(required)}, "
+                          f"...), got {shown(value)}")
+    if len(value) > MAX_TABLES:
+        raise ConfigError(f"{source}: {key} has {len(value)} entries, at most {MAX_TABLES}")
+    out = []
+    for i, table in enumerate(value):
+        where = f"{key}[{i}]"
+        if not isinstance(table, dict):
+            raise ConfigError(f"{source}: {where} must be a table with {', '.join(required)}, "
+                              f"got {shown(table)}")
+        unknown = sorted(str(k) for k in table if k not in fields)
+        if unknown:
+            raise ConfigError(f"{source}: {where}: unknown key {shown(unknown[0])} (known keys: "
+                              f"{', '.join(fields)})")
+        missing = [n for n in required if n not in table]
+        if missing:
+            raise ConfigError(f"{source}: {where}: missing {', '.join(missing)}")
+        out.append(kind(**{k: _coerce_value(f"{where}.{k}", hints[k], v, source, from_text=False)
+                           for k, v in table.items()}))
+    return tuple(out)
+
+
+#: A site check's name: a metric label value and an --only word.
+_SITE_NAME = re.compile(r"[a-z][a-z0-9_]{0,47}")
+_REASON = re.compile(r"[A-Z][A-Za-z0-9]{0,63}")
+#: Longest site-check timeout, seconds.
+MAX_SITE_TIMEOUT_S = 600.0
+_MAX_SITE_ARGS = 64
+_MAX_SITE_TEXT = 500
+
+
+def _check_site(sc: SiteCheck, where: str, need: Callable[[bool, str, str], None]) -> None:
+    need(_SITE_NAME.fullmatch(sc.name) is not None, f"{where}.name",
+         "lower-case letters, digits and _ (a letter first, at most 48)")
+    need(sc.path.startswith("/") and len(sc.path) <= _MAX_TEXT_CHARS and "\0" not in sc.path,
+         f"{where}.path", "an absolute path (it is run directly, not looked up in PATH)")
+    need(len(sc.args) <= _MAX_SITE_ARGS and all(len(a) <= _MAX_TEXT_CHARS and "\0" not in a
+                                                 for a in sc.args),
+         f"{where}.args", f"at most {_MAX_SITE_ARGS} strings without NUL")
+    need(math.isfinite(sc.timeout_s) and 0.001 <= sc.timeout_s <= MAX_SITE_TIMEOUT_S,
+         f"{where}.timeout_s", f"a finite number in 0.001..{MAX_SITE_TIMEOUT_S:g} s")
+    need(sc.scope in ("node", "job"), f"{where}.scope", "node or job")
+    need(sc.reason is None or _REASON.fullmatch(sc.reason) is not None, f"{where}.reason",
+         "a CamelCase token (letters and digits, a capital first)")
+    for name in ("remedy", "summary"):
+        text = getattr(sc, name)
+        need(len(text) <= _MAX_SITE_TEXT and text.isprintable(), f"{where}.{name}",
+             f"one printable line of at most {_MAX_SITE_TEXT} characters")
+
+
 #: Inclusive sane ranges; a value outside is a typo or an attack, never a setting.
 _DAY_S = 86400.0
 RANGES: dict[str, tuple[float, float]] = {
@@ -224,7 +331,7 @@ def validate(config: Config, *, source: str) -> Config:
     :data:`RANGES`, every text and list of a bounded length."""
     def need(ok: bool, key: str, what: str) -> None:
         if not ok:
-            raise ConfigError(f"{source}: {key} must be {what}, got {shown(getattr(config, key))}")
+            raise ConfigError(f"{source}: {key} must be {what}, got {shown(_value(config, key))}")
 
     for key, (low, high) in RANGES.items():
         value = getattr(config, key)
@@ -238,7 +345,7 @@ def validate(config: Config, *, source: str) -> Config:
         if isinstance(value, str):
             need(len(value) <= _MAX_TEXT_CHARS and "\0" not in value, f.name,
                  f"at most {_MAX_TEXT_CHARS} characters without NUL")
-        elif isinstance(value, tuple):
+        elif isinstance(value, tuple) and f.name not in _TABLES:
             need(len(value) <= _MAX_ITEMS and all(len(v) <= _MAX_TEXT_CHARS and "\0" not in v
                                                   for v in value),
                  f.name, f"at most {_MAX_ITEMS} items of at most {_MAX_TEXT_CHARS} characters")
@@ -249,7 +356,34 @@ def validate(config: Config, *, source: str) -> Config:
          "auto, cuda, torch or cpu")
     port = _listen_port(config.listen)
     need(port is not None and port <= 65535, "listen", "HOST:PORT with a port in 0..65535")
+    need(len(config.site_checks) <= MAX_TABLES, "site_checks", f"at most {MAX_TABLES} entries")
+    seen: set[str] = set()
+    for i, sc in enumerate(config.site_checks):
+        _check_site(sc, f"site_checks[{i}]", need)
+        need(sc.name not in seen, f"site_checks[{i}].name", "a name no other site check has")
+        seen.add(sc.name)
     return config
+
+
+def _value(config: Config, key: str) -> Any:
+    """The value at ``key`` (``listen``, ``site_checks[2].timeout_s``), for error messages."""
+    m = re.fullmatch(r"(\w+)\[(\d+)\]\.(\w+)", key)
+    if m is None:
+        return getattr(config, key)
+    return getattr(getattr(config, m.group(1))[int(m.group(2))], m.group(3))
+
+
+def as_data(config: Config) -> dict[str, Any]:
+    """``config`` as plain data a YAML or JSON file holds (lists, not tuples); loading it back
+    gives the same Config."""
+    def plain(value: Any) -> Any:
+        if isinstance(value, (tuple, list)):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+
+    return {k: plain(v) for k, v in dataclasses.asdict(config).items()}
 
 
 def from_mapping(data: Mapping[str, Any], *, source: str, base: Config | None = None,
@@ -394,4 +528,4 @@ def load(*, path: str | None, env: Mapping[str, str], overrides: Mapping[str, An
                         source="command line", base=config)
 
 
-__all__ = ["Config", "ConfigError", "GiB", "MiB", "load", "load_file"]
+__all__ = ["Config", "ConfigError", "GiB", "MiB", "SiteCheck", "as_data", "load", "load_file"]

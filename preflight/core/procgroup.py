@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import selectors
 import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -23,9 +25,14 @@ _DRAIN_S = 2.0
 
 @dataclass(frozen=True)
 class Finished:
+    """How the process ended (``returncode`` < 0: killed by that signal) and what it wrote; with
+    ``max_output_bytes``, the bytes past the limit were read and dropped (counted here)."""
+
     returncode: int
     stdout: bytes
     stderr: bytes
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
 
 
 class GroupTimeout(Exception):
@@ -39,8 +46,12 @@ class GroupTimeout(Exception):
 
 
 def run_in_group(argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None = None,
-                 input_bytes: bytes | None = None) -> Finished:
+                 input_bytes: bytes | None = None,
+                 max_output_bytes: int | None = None) -> Finished:
     """Run ``argv`` in a new process group; kill the group on ``timeout_s`` and after it ends.
+
+    ``max_output_bytes`` bounds what is kept of stdout and of stderr (each): the rest is read and
+    dropped, so a child that prints without end neither blocks on a full pipe nor fills memory.
 
     Raises:
         GroupTimeout: the deadline passed (the group is dead when this is raised).
@@ -60,6 +71,8 @@ def run_in_group(argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str
         proc.wait()
         raise
     try:
+        if max_output_bytes is not None and input_bytes is None:
+            return _read_bounded(proc, argv, timeout_s, max_output_bytes)
         out, err = proc.communicate(input_bytes, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         _kill_group(proc.pid)
@@ -74,6 +87,45 @@ def run_in_group(argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str
         _kill_group(proc.pid)
         aborting.unregister(undo)
     return Finished(proc.returncode, out, err)
+
+
+def _read_bounded(proc: subprocess.Popen[bytes], argv: Sequence[str], timeout_s: float,
+                  limit: int) -> Finished:
+    """Read both pipes until they close, keeping ``limit`` bytes of each, within ``timeout_s``.
+
+    Once the child itself has ended, what is left of its group is killed, so a backgrounded
+    grandchild holding the pipes open cannot stretch the wait."""
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = proc.stdout.fileno(), proc.stderr.fileno()
+    deadline = time.monotonic() + timeout_s
+    kept = {out: bytearray(), err: bytearray()}
+    dropped = dict.fromkeys(kept, 0)
+    with selectors.DefaultSelector() as sel:
+        for fd in kept:
+            sel.register(fd, selectors.EVENT_READ)
+        ended_at: float | None = None
+        while sel.get_map():
+            now = time.monotonic()
+            if now >= deadline:
+                raise subprocess.TimeoutExpired(list(argv), timeout_s)
+            if ended_at is None and proc.poll() is not None:
+                ended_at = now
+                _kill_group(proc.pid)
+            if ended_at is not None and now > ended_at + _DRAIN_S:
+                break
+            for key, _ in sel.select(timeout=min(deadline - now, 0.25)):
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    sel.unregister(key.fd)
+                    continue
+                room = max(0, limit - len(kept[key.fd]))
+                kept[key.fd] += chunk[:room]
+                dropped[key.fd] += len(chunk) - min(room, len(chunk))
+    try:
+        returncode = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise subprocess.TimeoutExpired(list(argv), timeout_s) from None
+    return Finished(returncode, bytes(kept[out]), bytes(kept[err]), dropped[out], dropped[err])
 
 
 def _kill_group(pgid: int) -> None:

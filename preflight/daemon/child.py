@@ -8,7 +8,6 @@ down. The daemon itself never imports torch (the bandwidth workers do, in their 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import enum
 import json
 import os
@@ -23,7 +22,7 @@ from typing import Any, Protocol
 import yaml
 
 from preflight.checks import GPU_LOAD_CHECKS
-from preflight.core.config import Config
+from preflight.core.config import Config, as_data
 from preflight.core.result import Report, Result, Status
 from preflight.daemon.systemd import NOTIFY_VARS
 
@@ -66,9 +65,7 @@ def run_deadline_s(kind: RunKind, config: Config, grace_s: float = CHILD_GRACE_S
 
 def config_text(config: Config) -> str:
     """``config`` as YAML, the form the child reads from its standard input."""
-    data = {k: list(v) if isinstance(v, tuple) else v
-            for k, v in dataclasses.asdict(config).items()}
-    return yaml.safe_dump(data, sort_keys=True)
+    return yaml.safe_dump(as_data(config), sort_keys=True)
 
 
 def failed_report(expected: Sequence[str], *, reason: str, message: str, remedy: str,

@@ -58,7 +58,8 @@ class Daemon:
         load_config: re-reads the config (file < environment < command line) on SIGHUP.
         runner: runs checks; default :class:`ChildRunner` (tests inject a fake, slow one).
         gpus: fresh GPU snapshot for the "is a job using the GPUs?" question (NVML).
-        known_checks: checks whose series exist from the first scrape.
+        known_checks: checks whose series exist from the first scrape (the config's site checks
+            are added to them, reload after reload).
         bandwidth: run the bandwidth test at all (default: when an ``allreduce`` check exists).
         root: where the host filesystem is mounted (``--root``).
         grace_s: how much longer than its checks' deadline a run may take (child start-up).
@@ -115,6 +116,11 @@ class Daemon:
     def _changed(self) -> None:
         self._generation += 1
 
+    def checks(self) -> tuple[str, ...]:
+        """The checks of this config: the known ones, then the site checks it adds."""
+        site = [sc.name for sc in self.config.site_checks if sc.name not in self.known_checks]
+        return (*self.known_checks, *site)
+
     def report(self) -> Report | None:
         """The last node report with the last bandwidth result merged in; None before any run."""
         with self._lock:
@@ -125,7 +131,7 @@ class Daemon:
             return node
         results = [r for r in node.results if r.check not in GPU_LOAD_CHECKS]
         results += [r for r in bw.results if r.check in GPU_LOAD_CHECKS]
-        order = {name: i for i, name in enumerate(self.known_checks)}
+        order = {name: i for i, name in enumerate(self.checks())}
         results.sort(key=lambda r: order.get(r.check, len(order)))
         return dataclasses.replace(node, results=tuple(results),
                                    bandwidth=bw.bandwidth or node.bandwidth)
@@ -139,7 +145,7 @@ class Daemon:
                                 interval_s=self.config.interval_s,
                                 xid_counts=self._xid.counts() if self._xid else None,
                                 xid_watching=self._xid.watching if self._xid else False)
-        return MetricsSnapshot(report=self.report(), known_checks=self.known_checks,
+        return MetricsSnapshot(report=self.report(), known_checks=self.checks(),
                                daemon=stats)
 
     def metrics(self) -> bytes:
@@ -183,7 +189,7 @@ class Daemon:
         config = self.config
         expected = ([c for c in self.known_checks if c in GPU_LOAD_CHECKS]
                     if kind is RunKind.BANDWIDTH
-                    else [c for c in self.known_checks if c not in GPU_LOAD_CHECKS])
+                    else [c for c in self.checks() if c not in GPU_LOAD_CHECKS])
         with self._run_lock:
             self._beat()
             start = self._clock()
@@ -240,7 +246,7 @@ class Daemon:
                 if self._gpus is not None:
                     snap = self._gpus()
                 else:
-                    from preflight.core.context import make_context
+                    from preflight.probes.node import make_context
 
                     snap = make_context(self.config, env=self._env, root=self.root).gpus()
                 answer.append(_busy_gpus(snap))

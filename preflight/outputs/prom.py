@@ -1,7 +1,7 @@
 """Prometheus metrics from a Report: the daemon's ``/metrics`` and ``check --prom-file``.
 
 A :class:`ReportCollector` yields metric families from a snapshot it is handed (the daemon's cached
-Report); it never runs a check, so a scrape costs microseconds and cannot hang (STYLE habit 11).
+Report); it never runs a check, so a scrape costs microseconds and cannot hang.
 Names follow Prometheus conventions (base units, ``_seconds``, ``_bytes``, ``_total``, ``_info``)
 and carry no node or cluster label: Prometheus adds the target's (``instance``, ``job``, and the
 ``node`` and ``pool`` labels the scrape config's relabeling sets: docs/daemon.md#metrics).
@@ -31,10 +31,12 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from preflight import __version__
+from preflight.checks.fabric import NAME as FABRIC
 from preflight.checks.gpu_speed import NAME as GPU_SPEED
 from preflight.checks.gpu_visible import NAME as GPU_VISIBLE
 from preflight.checks.memlock import NAME as MEMLOCK
 from preflight.checks.shm import NAME as SHM
+from preflight.checks.xid import NAME as XID
 from preflight.core.result import Report, Result, Scope, Status
 from preflight.outputs.textfile import TextfileError, write_metrics_file
 
@@ -283,8 +285,8 @@ class ReportCollector(Collector):
         yield GaugeMetricFamily("preflight_gpu_expected", "GPUs this node must show (expect_gpus); "
                                 "NaN when not configured or unknown.", value=expected)
 
-        yield from _xid_metrics(results.get("xid"), snap.daemon)
-        yield from _fabric_metrics(results.get("fabric"))
+        yield from _xid_metrics(results.get(XID), snap.daemon)
+        yield from _fabric_metrics(results.get(FABRIC))
 
         fingerprint = report.fingerprint if report is not None else None
         packages = InfoMetricFamily(

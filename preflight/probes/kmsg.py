@@ -96,18 +96,19 @@ def read_kmsg(path: Path, *, deadline_s: float, max_bytes: int = MAX_LOG_BYTES) 
     return b"".join(chunks).decode(errors="replace"), False
 
 
-def journal_argv(root: Path) -> list[str]:
+def journal_argv(root: Path, journalctl: str = "journalctl") -> list[str]:
     """``journalctl`` reading the kernel messages of the current boot, one short-monotonic line
     each (the time since boot in brackets, as /dev/kmsg gives it)."""
-    argv = ["journalctl", "-k", "-b", "0", "-o", "short-monotonic", "--no-pager", "-q"]
+    argv = [journalctl, "-k", "-b", "0", "-o", "short-monotonic", "--no-pager", "-q"]
     if root != Path("/"):
         argv += ["-D", str(root / "var" / "log" / "journal")]
     return argv
 
 
-def read_journal(root: Path, *, deadline_s: float, max_bytes: int = MAX_LOG_BYTES) -> str:
+def read_journal(root: Path, *, deadline_s: float, max_bytes: int = MAX_LOG_BYTES,
+                 journalctl: str = "journalctl") -> str:
     """The kernel log from the journal; raises OSError / subprocess errors with the reason."""
-    argv = journal_argv(root)
+    argv = journal_argv(root, journalctl)
     try:
         proc = subprocess.run(argv, capture_output=True, timeout=deadline_s, check=False,
                               stdin=subprocess.DEVNULL)
@@ -124,9 +125,12 @@ def read_journal(root: Path, *, deadline_s: float, max_bytes: int = MAX_LOG_BYTE
     return proc.stdout[-max_bytes:].decode(errors="replace")
 
 
-def read_kernel_log(root: Path, *, deadline_s: float = 5.0,
-                    max_bytes: int = MAX_LOG_BYTES) -> KernelLog:
+def read_kernel_log(root: Path, *, deadline_s: float = 5.0, max_bytes: int = MAX_LOG_BYTES,
+                    journalctl: str = "journalctl") -> KernelLog:
     """The kernel log since boot (as far back as the ring buffer or journal holds it).
+
+    ``journalctl`` is the program asked when /dev/kmsg cannot be read (looked up in PATH unless
+    it is a path).
 
     Raises:
         KernelLogError: neither source answered; the message names both failures.
@@ -141,7 +145,7 @@ def read_kernel_log(root: Path, *, deadline_s: float = 5.0,
         tried.append(f"{kmsg}: {exc.strerror or exc}")
     left = max(0.5, deadline_s - (time.monotonic() - started))
     try:
-        text = read_journal(root, deadline_s=left, max_bytes=max_bytes)
+        text = read_journal(root, deadline_s=left, max_bytes=max_bytes, journalctl=journalctl)
         return KernelLog("journalctl -k", "journal", text, False, tuple(tried))
     except (OSError, TimeoutError) as exc:
         what = str(exc) if not isinstance(exc, FileNotFoundError) else "journalctl not installed"

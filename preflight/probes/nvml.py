@@ -29,7 +29,7 @@ _SLOWDOWN_BITS = {
 }
 
 #: ``nvmlNvlinkVersion_t`` as nvml.h defines it: what ``nvmlDeviceGetNvLinkVersion`` returns is this
-#: enum, not the version number (a 2x H200 node answers 6 = NVLink 4.0; measured.md).
+#: enum, not the version number (a 2x H200 node answers 6 = NVLink 4.0).
 NVLINK_VERSIONS: dict[int, str] = {0: "invalid", 1: "1.0", 2: "2.0", 3: "2.2", 4: "3.0", 5: "3.1",
                                    6: "4.0", 7: "5.0", 8: "6.0"}
 #: Nominal per-link, per-direction NVLink bandwidth by NVML enum value, bytes/s (NVIDIA product
@@ -39,7 +39,7 @@ NVLINK_VERSIONS: dict[int, str] = {0: "invalid", 1: "1.0", 2: "2.0", 3: "2.2", 4
 NVLINK_NOMINAL_BYTES_PER_SECOND: dict[int, float] = {1: 20e9, 2: 25e9, 3: 25e9, 4: 25e9, 5: 25e9,
                                                      6: 25e9, 7: 50e9}
 #: ``NVML_FI_DEV_NVLINK_GET_SPEED`` (nvml.h): the link's speed in MB/s (1e6 B/s) per direction,
-#: scoped by link; 26562 on an H200 link (measured.md).
+#: scoped by link; 26562 on an H200 link.
 FI_NVLINK_GET_SPEED = 164
 
 

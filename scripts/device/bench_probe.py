@@ -21,7 +21,7 @@ from pathlib import Path
 from preflight.bench import plan, run_bench
 from preflight.bench.parent import WORKER_SCRIPT
 from preflight.core.config import load
-from preflight.core.context import make_context
+from preflight.probes.node import make_context
 
 
 def _ctx(**overrides: object):  # type: ignore[no-untyped-def]

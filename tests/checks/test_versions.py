@@ -17,7 +17,7 @@ from tests.conftest import MakeCtx
 
 def golden_from(make_ctx: MakeCtx, path: Path, python: Path, **edit: Any) -> Path:
     """Fingerprint ``python`` as a good node would, apply ``edit`` to its packages, save it."""
-    fp = fpm.gather(make_ctx(python=str(python)))
+    fp = versions.fingerprint_of(make_ctx(python=str(python)))
     fp["packages"].update(edit)
     fp["packages"] = {k: v for k, v in fp["packages"].items() if v is not None}
     path.write_text(json.dumps(fp))
@@ -88,7 +88,7 @@ def test_hash_path_change_fails(make_ctx: MakeCtx, tmp_path: Path) -> None:
     code.write_text("lr = 1e-3\n")
     ctx_args = {"hash_paths": (str(code),), "watched_packages": ("pytest",)}
     golden = tmp_path / "golden.json"
-    golden.write_text(json.dumps(fpm.gather(make_ctx(**ctx_args))))
+    golden.write_text(json.dumps(versions.fingerprint_of(make_ctx(**ctx_args))))
     assert versions.run(make_ctx(golden=str(golden), **ctx_args)).status is Status.PASS
     code.write_text("lr = 3e-4\n")
     r = versions.run(make_ctx(golden=str(golden), **ctx_args))

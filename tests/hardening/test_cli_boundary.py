@@ -94,6 +94,6 @@ def test_a_hanging_python_wrapper_dies_with_its_group(tmp_path: Path) -> None:
     with pytest.raises(PyEnvError, match="did not describe its environment within 1 s") as info:
         gather_foreign(str(wrapper), ["torch"], timeout_s=1.0)
     assert info.value.kind == "timeout"
-    assert time.monotonic() - started < 5.0
+    assert time.monotonic() - started < 60  # the wrapper sleeps 301 s; the deadline is 1 s
     time.sleep(0.2)
     assert _marked(marker) == []

@@ -172,7 +172,7 @@ def test_abort_kills_a_helper_process_group_and_none_starts_after(fresh: None) -
     t.start()
     _wait_for("the helper", lambda: bool(aborting._pending))
     aborting.abort()
-    t.join(10)
-    assert got == [-signal.SIGKILL] and time.monotonic() - started < 10
+    t.join(40)
+    assert got == [-signal.SIGKILL] and time.monotonic() - started < 40  # the helper sleeps 60 s
     with pytest.raises(aborting.Aborted):
         run_in_group(["true"], timeout_s=5)

@@ -291,8 +291,13 @@ def _held_through_fds(fd_dir: Path, wanted: Wanted) -> list[Held]:
     return found
 
 
-def _describe(proc: Path, pid: int, files: list[Held], users: Mapping[int, str]) -> Holder:
-    base = proc / str(pid)
+def describe_process(proc: str | os.PathLike[str], pid: int, files: Iterable[Held] = (),
+                     users: Mapping[int, str] | None = None) -> Holder:
+    """Process ``pid`` under ``proc`` as a :class:`Holder` of ``files`` (its command, owner,
+    session, cgroup and job read now; names from ``users``)."""
+    base = Path(proc) / str(pid)
+    users = users or {}
+    files = list(files)
     try:
         uid: int | None = os.stat(base).st_uid
     except OSError:
@@ -356,7 +361,8 @@ def find_holders(proc: str | os.PathLike[str], wanted: Wanted, *, maps: bool = T
     if found:
         users = parse_passwd(_read_or_empty(Path(passwd) if passwd else
                                             base.parent / "etc" / "passwd", PASSWD_MAX_BYTES))
-    holders = tuple(_describe(base, pid, files, users) for pid, files in sorted(found.items()))
+    holders = tuple(describe_process(base, pid, files, users)
+                    for pid, files in sorted(found.items()))
     return HolderScan(holders, looked, unreadable, complete)
 
 
@@ -376,6 +382,6 @@ def session_members(proc: str | os.PathLike[str], session: int) -> list[int]:
     return sorted(members)
 
 
-__all__ = ["FileId", "Held", "Holder", "HolderScan", "Wanted", "command_text", "find_holders",
-           "job_of_cgroup", "job_of_cgroups", "parse_cgroup", "parse_maps", "parse_passwd",
-           "parse_stat", "session_members"]
+__all__ = ["FileId", "Held", "Holder", "HolderScan", "Wanted", "command_text", "describe_process",
+           "find_holders", "job_of_cgroup", "job_of_cgroups", "parse_cgroup", "parse_maps",
+           "parse_passwd", "parse_stat", "session_members"]

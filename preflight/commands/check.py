@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         checks = select(every, only=args.only, skip=skip)
     except SelectionError as exc:
-        print(f"preflight check: {exc}", file=sys.stderr)
+        print(f"preflight check: {escape(str(exc), 600)}", file=sys.stderr)
         return int(ExitCode.USAGE)
     report = run_checks(ctx, checks)
     emit_report(report, as_json=args.json)

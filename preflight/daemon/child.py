@@ -167,8 +167,10 @@ def parse_report(raw: bytes, *, known_checks: Sequence[str] = ()) -> Report:
         _need(isinstance(r, dict), f"results[{i}] is not an object")
         _need(isinstance(r.get("check"), str) and bool(_CHECK_NAME.fullmatch(r["check"])),
               f"results[{i}].check is not a check name")
-        _need(r.get("status") in statuses, f"results[{i}].status is not one of the statuses")
-        _need(r.get("scope", "node") in scopes, f"results[{i}].scope is not a scope")
+        _need(isinstance(r.get("status"), str) and r["status"] in statuses,
+              f"results[{i}].status is not one of the statuses")
+        scope = r.get("scope", "node")
+        _need(isinstance(scope, str) and scope in scopes, f"results[{i}].scope is not a scope")
         _need(isinstance(r.get("reason"), str) and bool(_REASON.fullmatch(r["reason"])),
               f"results[{i}].reason is not a reason token")
         for key in ("message", "remedy"):

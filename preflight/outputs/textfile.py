@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Sequence
@@ -94,13 +95,12 @@ def essential_lines(text: bytes, families: Sequence[str] = ESSENTIAL_FAMILIES) -
     names = set(families)
     kept = []
     for line in text.splitlines(keepends=True):
-        words = line.split(None, 3)
-        if line.startswith(b"#"):
-            name = words[2].decode(errors="replace") if len(words) > 2 else ""
-        else:
-            name = line.split(b"{", 1)[0].split(None, 1)[0].decode(errors="replace") \
-                if words else ""
-        if name in names:
+        if line.startswith(b"#"):  # "# HELP name ..." / "# TYPE name ..."
+            words = line.split(None, 3)
+            name = words[2] if len(words) > 2 else b""
+        else:  # "name value" / "name{labels} value"
+            name = re.split(rb"[{\s]", line, maxsplit=1)[0]
+        if name.decode(errors="replace") in names:
             kept.append(line)
     return b"".join(kept)
 

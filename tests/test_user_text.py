@@ -27,7 +27,6 @@ _INTERNAL = re.compile(
     r"until it is on main|this session", re.IGNORECASE)
 #: Files another change in flight rewrites; each goes when that change lands.
 PENDING = {
-    "preflight/explain/": "the explain split rewrites these modules and their docstrings",
     "preflight/bench/parent.py": "the GPU ordering change edits this module",
 }
 

@@ -52,6 +52,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         ".git, .venv, venv, __pycache__, node_modules, site-packages...")
     p.add_argument("--max-bytes", type=_positive_int, default=None, metavar="N",
                    help="skip files larger than N bytes (default 4 MiB)")
+    p.add_argument("--jobs", "-j", type=_positive_int, default=None, metavar="N",
+                   help="worker processes for the files that must be parsed (default: the "
+                        "CPUs this process may use; a handful of files is linted without "
+                        "workers); the output order does not depend on it")
     p.set_defaults(func=run)
 
 
@@ -67,6 +71,7 @@ def _positive_int(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from preflight.lint import DEFAULT_EXCLUDE, DEFAULT_MAX_BYTES, lint_paths
+    from preflight.lint.jobs import usable_cpus
     from preflight.lint.output import render_skipped, render_text, to_json, to_sarif
 
     for path in args.paths:
@@ -77,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     fmt = "json" if args.json else args.format
     summary = lint_paths(args.paths, exclude=(*DEFAULT_EXCLUDE, *args.exclude),
                          max_bytes=args.max_bytes or DEFAULT_MAX_BYTES,
-                         sure_only=args.sure_only)
+                         sure_only=args.sure_only, jobs=args.jobs or usable_cpus())
     for result in summary.skipped:
         print(render_skipped(result), file=sys.stderr)
     if fmt == "text":

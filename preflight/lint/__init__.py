@@ -14,6 +14,7 @@ import os
 import re
 import stat
 import tokenize
+import unicodedata
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from fnmatch import fnmatch
 
 from preflight.core.textsafe import escape
 from preflight.lint.analysis import Finding, Module
-from preflight.lint.checks import CHECKS
+from preflight.lint.checks import CHECKS, NEEDS, Check, checks_for
 from preflight.lint.rules import RULES, RULES_BY_ID, Rule, Severity
 
 #: Larger files are not parsed (a training script is a few hundred KiB at most; parsing
@@ -31,11 +32,6 @@ DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 DEFAULT_EXCLUDE = (".git", ".hg", ".svn", ".tox", ".nox", ".venv", "venv", "__pycache__",
                    "node_modules", ".eggs", "*.egg", "site-packages", ".mypy_cache",
                    ".ruff_cache", ".pytest_cache")
-
-#: Every rule needs one of these words in the file (a sampler, a device, the environment, an
-#: FSDP wrap): a file with none is not parsed, which keeps a whole repository fast to lint.
-TRIGGER_WORDS = (b"DistributedSampler", b"cuda", b"device", b"environ", b"getenv",
-                 b"fully_shard", b"FullyShardedDataParallel")
 
 _NOQA = re.compile(r"#\s*noqa(?::[\s]?(?P<codes>[A-Z][0-9A-Z]*(?:[,\s]+[A-Z][0-9A-Z]*)*))?",
                    re.IGNORECASE)
@@ -119,11 +115,14 @@ def _suppressed(finding: Finding, lines: Sequence[str]) -> bool:
     return not codes or any(finding.rule.startswith(code) for code in codes)
 
 
-def analyse(tree: ast.Module) -> list[Finding]:
-    """Every finding of every rule on a parsed module, sorted, one per rule and line."""
+def analyse(tree: ast.Module, checks: Sequence[Check] = CHECKS) -> list[Finding]:
+    """Every finding of the rules (``checks``, all by default) on a parsed module, sorted, one
+    per rule and line."""
+    if not checks:
+        return []
     module = Module(tree)
     found: dict[tuple[str, int], Finding] = {}
-    for check in CHECKS:
+    for check in checks:
         try:
             for finding in check(module):
                 key = (finding.rule, finding.line)
@@ -134,18 +133,43 @@ def analyse(tree: ast.Module) -> list[Finding]:
     return sorted(found.values(), key=lambda f: (f.line, f.col, f.rule))
 
 
-def lint_source(source: bytes | str, path: str = "<stdin>", *, sure_only: bool = False) \
+def gate_text(source: bytes | str) -> bytes | str:
+    """The text the rules' words are looked for in: the source as Python reads identifiers.
+    Plain ASCII without a coding cookie is used as it is (no copy); a cookie is honoured (a
+    UTF-7 file spells ``environ`` in base64), and non-ASCII text is NFKC-normalized as the
+    parser normalizes identifiers (``ｅｎｖｉｒｏｎ`` is ``environ``)."""
+    if isinstance(source, bytes):
+        first = source.find(b"\n")
+        second = source.find(b"\n", first + 1) if first >= 0 else -1
+        head = source if second < 0 else source[:second]
+        if b"coding" not in head and source.isascii():
+            return source
+        source = _decode(source)
+    if source.isascii():
+        return source
+    return unicodedata.normalize("NFKC", source)
+
+
+def _findings(source: bytes | str, path: str, checks: Sequence[Check], sure_only: bool) \
         -> list[Finding]:
-    """The findings in one file's contents. Raises :class:`LintError` when it is not Python."""
     tree = _parse(source, path)
-    text = source if isinstance(source, str) else _decode(source)
-    lines = text.splitlines()
     try:
-        findings = analyse(tree)
+        findings = analyse(tree, checks)
     except RecursionError:
         raise LintError("too deeply nested to analyse") from None
+    if not findings:
+        return []
+    text = source if isinstance(source, str) else _decode(source)
+    lines = text.splitlines()
     return [f for f in findings
             if not _suppressed(f, lines) and (f.sure or not sure_only)]
+
+
+def lint_source(source: bytes | str, path: str = "<stdin>", *, sure_only: bool = False) \
+        -> list[Finding]:
+    """The findings in one file's contents. Raises :class:`LintError` when it is not Python
+    (the file is always parsed; only the rules whose words it holds are run)."""
+    return _findings(source, path, checks_for(gate_text(source)), sure_only)
 
 
 def _excluded(name: str, exclude: Sequence[str]) -> bool:
@@ -191,43 +215,91 @@ def read_file(path: str, *, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
     return data
 
 
-def may_have_findings(source: bytes) -> bool:
-    """False when no rule can fire: none of :data:`TRIGGER_WORDS` is in the file (such a file
-    is not parsed, so a syntax error in it goes unreported, as it would by a grep)."""
-    return any(word in source for word in TRIGGER_WORDS)
+def may_have_findings(source: bytes | str) -> bool:
+    """False when no rule can fire: the file holds no word that any rule needs (``NEEDS`` in
+    preflight/lint/checks.py). Such a file is not parsed by :func:`lint_file`, so a syntax
+    error in it goes unreported, as it would by a grep."""
+    return bool(checks_for(gate_text(source)))
 
 
 def lint_file(path: str, *, max_bytes: int = DEFAULT_MAX_BYTES,
               sure_only: bool = False) -> FileResult:
     try:
         data = read_file(path, max_bytes=max_bytes)
-        if not may_have_findings(data):
-            return FileResult(path)
-        return FileResult(path, tuple(lint_source(data, path, sure_only=sure_only)))
+    except LintError as exc:
+        return FileResult(path, error=exc.reason)
+    return lint_data(path, data, sure_only=sure_only)
+
+
+def lint_data(path: str, data: bytes, *, sure_only: bool = False) -> FileResult:
+    """:func:`lint_file` on bytes already read: a file no rule can match is not parsed."""
+    checks = checks_for(gate_text(data))
+    if not checks:
+        return FileResult(path)
+    try:
+        return FileResult(path, tuple(_findings(data, path, checks, sure_only)))
     except LintError as exc:
         return FileResult(path, error=exc.reason)
 
 
+def _lint_chunk(items: list[tuple[str, bytes]], sure_only: bool = False) -> list[FileResult]:
+    return [lint_data(path, data, sure_only=sure_only) for path, data in items]
+
+
+def _lint_chunk_sure(items: list[tuple[str, bytes]]) -> list[FileResult]:
+    return _lint_chunk(items, sure_only=True)
+
+
 def lint_paths(paths: Iterable[str], *, exclude: Sequence[str] = DEFAULT_EXCLUDE,
-               max_bytes: int = DEFAULT_MAX_BYTES, sure_only: bool = False) -> Summary:
+               max_bytes: int = DEFAULT_MAX_BYTES, sure_only: bool = False,
+               jobs: int = 1) -> Summary:
+    """Lint files and directories. With ``jobs`` > 1 the files that must be parsed are spread
+    over that many worker processes (preflight/lint/jobs.py); the results are in the order the
+    files were walked either way."""
+    from preflight.lint.jobs import Dispatcher
+
     summary = Summary()
-    for path, problem in iter_python_files(paths, exclude=exclude):
-        summary.files += 1
-        if problem is not None:
-            summary.results.append(FileResult(path, error=problem))
-            continue
-        result = lint_file(path, max_bytes=max_bytes, sure_only=sure_only)
+    slots: dict[int, FileResult] = {}
+
+    def done(index: int, result: FileResult) -> None:
         if result.findings or result.error:
-            summary.results.append(result)
+            slots[index] = result
+
+    paths_by_index: dict[int, str] = {}
+
+    def lost(index: int, reason: str) -> None:
+        slots[index] = FileResult(paths_by_index[index], error=reason)
+
+    dispatcher = Dispatcher(jobs, _lint_chunk_sure if sure_only else _lint_chunk, done, lost)
+    try:
+        for index, (path, problem) in enumerate(iter_python_files(paths, exclude=exclude)):
+            summary.files += 1
+            if problem is not None:
+                slots[index] = FileResult(path, error=problem)
+                continue
+            try:
+                data = read_file(path, max_bytes=max_bytes)
+            except LintError as exc:
+                slots[index] = FileResult(path, error=exc.reason)
+                continue
+            if not may_have_findings(data):
+                continue
+            if jobs > 1:
+                paths_by_index[index] = path
+            dispatcher.add(index, (path, data))
+        dispatcher.finish()
+    finally:
+        dispatcher.close()
+    summary.results = [slots[i] for i in sorted(slots)]
     return summary
 
 
 __all__ = [
     "DEFAULT_EXCLUDE",
     "DEFAULT_MAX_BYTES",
+    "NEEDS",
     "RULES",
     "RULES_BY_ID",
-    "TRIGGER_WORDS",
     "FileResult",
     "Finding",
     "LintError",
@@ -235,7 +307,10 @@ __all__ = [
     "Severity",
     "Summary",
     "analyse",
+    "checks_for",
+    "gate_text",
     "iter_python_files",
+    "lint_data",
     "lint_file",
     "lint_paths",
     "lint_source",

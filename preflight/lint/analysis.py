@@ -28,6 +28,9 @@ LOCAL_SIZE_VARS = frozenset({"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE",
 SIZE_VARS = frozenset({"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"})
 NODE_VARS = frozenset({"NODE_RANK", "GROUP_RANK", "SLURM_NODEID", "NNODES", "SLURM_NNODES"})
 RANK_LIKE_VARS = GLOBAL_RANK_VARS | LOCAL_RANK_VARS | LOCAL_SIZE_VARS | SIZE_VARS | NODE_VARS
+#: Calls that make a script distributed (the last part of the called name).
+DISTRIBUTED_CALLS = ("init_process_group", "DistributedDataParallel", "FullyShardedDataParallel",
+                     "fully_shard", "DistributedSampler", "init_distributed", "spawn")
 
 GLOBAL, LOCAL, LOCAL_SIZE = "global", "local", "local_size"
 
@@ -95,8 +98,29 @@ def _short(node: ast.AST, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+#: Fields that never hold a child node (names, flags, the shared Load/Store context): the walk
+#: does not look into them.
+_LEAF_FIELDS = frozenset({"ctx", "id", "attr", "name", "arg", "module", "type_comment", "kind",
+                          "level", "is_async", "conversion", "simple", "tag"})
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+#: The nodes that bind a name or import one, handled in the walk's order after it.
+_BINDERS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.Assign,
+            ast.AnnAssign, ast.AugAssign, ast.NamedExpr, ast.For, ast.AsyncFor,
+            ast.comprehension, ast.withitem)
+_BINDER_SET = frozenset(_BINDERS)
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.Module)
+
+
+def _child_fields(cls: type) -> tuple[str, ...]:
+    fields = _CHILD_FIELDS.get(cls)
+    if fields is None:
+        fields = _CHILD_FIELDS[cls] = tuple(
+            f for f in getattr(cls, "_fields", ()) if f not in _LEAF_FIELDS)
+    return fields
+
+
 class Module:
-    """One parsed file with the indexes the rules share."""
+    """One parsed file with the indexes the rules share, built in one walk of the tree."""
 
     def __init__(self, tree: ast.Module) -> None:
         self.tree = tree
@@ -105,26 +129,55 @@ class Module:
         self.functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
         self.assigns: dict[ast.AST, dict[str, list[ast.AST]]] = {}
         self.class_assigns: dict[ast.ClassDef, dict[str, list[ast.AST]]] = {}
-        self.calls: list[ast.Call] = []
-        self.compares: list[ast.Compare] = []
-        self.strings: list[ast.Constant] = []
-        self.identifiers: set[str] = set()
-        self.nodes: list[ast.AST] = []
-        self.returns: list[ast.Return] = []
+        self._scopes: dict[ast.AST, Scope] = {}
+        self._quals: dict[ast.AST, str | None] = {}
+        self._values: dict[tuple[str, ast.AST], list[ast.AST] | None] = {}
+        self._environ_copies: dict[tuple[str, ast.AST], bool] = {}
+        self.by_type: dict[type, list[ast.AST]] = {}
         self._index()
+        self.calls: list[ast.Call] = self.by_type.get(ast.Call, [])  # type: ignore[assignment]
+        self.compares: list[ast.Compare] = \
+            self.by_type.get(ast.Compare, [])  # type: ignore[assignment]
+        self.returns: list[ast.Return] = self.by_type.get(ast.Return, [])  # type: ignore[assignment]
 
     # -- indexing -------------------------------------------------------------------------
     def _index(self) -> None:
+        """One walk: every node's parent, the nodes by type (in the walk's order), then the
+        imports and bindings."""
+        parents = self.parents
+        by_type = self.by_type
+        binders: list[ast.AST] = []
         stack: list[ast.AST] = [self.tree]
+        pop, push = stack.pop, stack.append
+        fields_of = _CHILD_FIELDS.get
+        node_type = ast.AST
         while stack:
-            node = stack.pop()
-            for child in ast.iter_child_nodes(node):
-                self.parents[child] = node
-                stack.append(child)
-            self.nodes.append(node)
-            self._index_node(node)
+            node = pop()
+            cls = type(node)
+            bucket = by_type.get(cls)
+            if bucket is None:
+                by_type[cls] = [node]
+            else:
+                bucket.append(node)
+            if cls in _BINDER_SET:
+                binders.append(node)
+            fields = fields_of(cls)
+            if fields is None:
+                fields = _child_fields(cls)
+            for name in fields:
+                value = getattr(node, name, None)
+                if type(value) is list:
+                    for child in value:
+                        if isinstance(child, node_type):
+                            parents[child] = node
+                            push(child)
+                elif isinstance(value, node_type):
+                    parents[value] = node
+                    push(value)
+        for node in binders:
+            self._index_binder(node)
 
-    def _index_node(self, node: ast.AST) -> None:
+    def _index_binder(self, node: ast.AST) -> None:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.asname:
@@ -132,9 +185,10 @@ class Module:
                 else:
                     root = alias.name.split(".")[0]
                     self.imports[root] = root
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            for alias in node.names:
-                self.imports[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.ImportFrom):
+            if node.module and not node.level:
+                for alias in node.names:
+                    self.imports[alias.asname or alias.name] = f"{node.module}.{alias.name}"
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             self.functions.setdefault(node.name, []).append(node)
             args = node.args
@@ -145,8 +199,9 @@ class Module:
         elif isinstance(node, ast.Assign):
             for target in node.targets:
                 self._bind(target, node.value, node)
-        elif isinstance(node, ast.AnnAssign) and node.value is not None:
-            self._bind(node.target, node.value, node)
+        elif isinstance(node, ast.AnnAssign):
+            if node.value is not None:
+                self._bind(node.target, node.value, node)
         elif isinstance(node, ast.AugAssign):
             self._bind(node.target, _UNKNOWN, node)
         elif isinstance(node, ast.NamedExpr):
@@ -155,18 +210,25 @@ class Module:
             self._bind(node.target, _UNKNOWN, node)
         elif isinstance(node, ast.withitem) and node.optional_vars is not None:
             self._bind(node.optional_vars, _UNKNOWN, node.optional_vars)
-        elif isinstance(node, ast.Call):
-            self.calls.append(node)
-        elif isinstance(node, ast.Compare):
-            self.compares.append(node)
-        elif isinstance(node, ast.Return):
-            self.returns.append(node)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            self.strings.append(node)
-        elif isinstance(node, ast.Name):
-            self.identifiers.add(node.id.lower())
-        elif isinstance(node, ast.Attribute):
-            self.identifiers.add(node.attr.lower())
+
+    def nodes_of(self, *kinds: type) -> list[ast.AST]:
+        """The file's nodes of these types (each type in the walk's order)."""
+        if len(kinds) == 1:
+            return self.by_type.get(kinds[0], [])
+        return [n for kind in kinds for n in self.by_type.get(kind, ())]
+
+    @functools.cached_property
+    def strings(self) -> list[ast.Constant]:
+        return [c for c in self.by_type.get(ast.Constant, ())  # type: ignore[misc]
+                if isinstance(c.value, str)]  # type: ignore[attr-defined]
+
+    @functools.cached_property
+    def identifiers(self) -> frozenset[str]:
+        """Every name and attribute name, lowercased."""
+        names = {n.id.lower() for n in self.by_type.get(ast.Name, ())}  # type: ignore[attr-defined]
+        names.update(n.attr.lower()  # type: ignore[attr-defined]
+                     for n in self.by_type.get(ast.Attribute, ()))
+        return frozenset(names)
 
     def _bind(self, target: ast.AST, value: ast.AST, at: ast.AST) -> None:
         if isinstance(target, ast.Tuple | ast.List):
@@ -190,12 +252,26 @@ class Module:
 
     # -- navigation -----------------------------------------------------------------------
     def scope_of(self, node: ast.AST) -> Scope:
+        """The nearest enclosing function, lambda or the module (remembered on the way up)."""
+        known = self._scopes.get(node)
+        if known is not None:
+            return known
+        path = [node]
         cur = self.parents.get(node)
+        scope: Scope = self.tree
         while cur is not None:
-            if isinstance(cur, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.Module):
-                return cur
+            if isinstance(cur, _SCOPES):
+                scope = cur
+                break
+            known = self._scopes.get(cur)
+            if known is not None:
+                scope = known
+                break
+            path.append(cur)
             cur = self.parents.get(cur)
-        return self.tree
+        for seen in path:
+            self._scopes[seen] = scope
+        return scope
 
     def class_of(self, scope: ast.AST) -> ast.ClassDef | None:
         parent = self.parents.get(scope)
@@ -227,18 +303,33 @@ class Module:
         import."""
         if isinstance(node, ast.Name):
             return self.imports.get(node.id)
-        if isinstance(node, ast.Attribute):
-            base = self.qualname(node.value)
-            return None if base is None else f"{base}.{node.attr}"
-        return None
+        if not isinstance(node, ast.Attribute):
+            return None
+        quals = self._quals
+        if node in quals:
+            return quals[node]
+        base = self.qualname(node.value)
+        qual = quals[node] = None if base is None else f"{base}.{node.attr}"
+        return qual
 
     def values(self, key: str, at: ast.AST) -> list[ast.AST] | None:
         """What ``key`` was assigned where ``at`` reads it; None when nothing in the file
-        assigns it (an import, a builtin, a name from elsewhere)."""
+        assigns it (an import, a builtin, a name from elsewhere). Remembered per scope."""
         scope = self.scope_of(at)
+        memo = (key, scope)
+        if memo in self._values:
+            return self._values[memo]
+        found = self._values[memo] = self._values_in(key, scope)
+        return found
+
+    def _values_in(self, key: str, scope: Scope) -> list[ast.AST] | None:
         if key.startswith("self."):
             cls = self.class_of(scope)
-            found = self.class_assigns.get(cls, {}).get(key) if cls is not None else None
+            if cls is None:
+                return None
+            found = self.class_assigns.get(cls, {}).get(key)
+            if found is None and key.count(".") == 1:
+                found = self._property_returns(cls, key[len("self."):])
             return found
         cur: ast.AST | None = scope
         while cur is not None:
@@ -250,6 +341,32 @@ class Module:
             collected = [v for table in self.assigns.values() for v in table.get(key, [])]
             return collected or None
         return None
+
+    def _property_returns(self, cls: ast.ClassDef, name: str) -> list[ast.AST] | None:
+        """What ``self.name`` gives when ``name`` is a ``@property`` of the class: the values
+        its body returns (read in the property's own scope)."""
+        for item in cls.body:
+            if isinstance(item, ast.FunctionDef) and item.name == name and any(
+                    (isinstance(d, ast.Name) and d.id == "property") or
+                    (isinstance(d, ast.Attribute) and d.attr == "cached_property")
+                    for d in item.decorator_list):
+                returns: list[ast.AST] = [r.value for r in self.returns
+                                          if r.value is not None and self.scope_of(r) is item]
+                return returns or None
+        return None
+
+    def constructor(self, call: ast.Call) -> ast.FunctionDef | None:
+        """``__init__`` of the file's own class that ``call`` instantiates (``Trainer(...)``)."""
+        func = call.func
+        if not isinstance(func, ast.Name) or func.id in self.imports:
+            return None
+        classes = [n for n in self.by_type.get(ast.ClassDef, ())
+                   if n.name == func.id]  # type: ignore[attr-defined]
+        if len(classes) != 1:
+            return None
+        inits = [n for n in classes[0].body  # type: ignore[attr-defined]
+                 if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
+        return inits[0] if len(inits) == 1 else None
 
     def called_in_loop(self, func: ast.AST) -> bool:
         """Whether the file calls ``func`` (by its name, or as ``self.name``) inside a loop."""
@@ -300,17 +417,22 @@ class Module:
             return None
         return key.value
 
-    def _is_environ(self, node: ast.AST, at: ast.AST, depth: int = 0) -> bool:
+    def _is_environ(self, node: ast.AST, at: ast.AST) -> bool:
+        """``os.environ`` itself, or a name every assignment of which involves it (a copy)."""
         if self.qualname(node) == "os.environ":
             return True
         name = key_of(node)
-        if name is None or depth > 2:
+        if name is None:
             return False
-        found = self.values(name, at) or []
-        return bool(found) and all(
-            v is not _PARAM and v is not _UNKNOWN and any(
-                self.qualname(n) == "os.environ" for n in ast.walk(v))
-            for v in found)
+        memo = (name, self.scope_of(at))
+        known = self._environ_copies.get(memo)
+        if known is None:
+            found = self.values(name, at) or []
+            known = self._environ_copies[memo] = bool(found) and all(
+                v is not _PARAM and v is not _UNKNOWN and any(
+                    self.qualname(n) == "os.environ" for n in ast.walk(v))
+                for v in found)
+        return known
 
     def rank_kind(self, node: ast.AST, depth: int = 0) -> str | None:
         """``global`` (RANK, dist.get_rank()), ``local`` (LOCAL_RANK) or ``local_size`` (GPUs
@@ -385,12 +507,11 @@ class Module:
         """Every ``os.environ[...]`` (or a copy of it) subscript, with the variable."""
         if "environ" not in self.identifiers:
             return []
-        out = []
-        for node in self.nodes:
-            if isinstance(node, ast.Subscript):
-                var = self.env_var(node)
-                if var is not None:
-                    out.append((node, var))
+        out: list[tuple[ast.Subscript, str]] = []
+        for node in self.by_type.get(ast.Subscript, ()):
+            var = self.env_var(node)
+            if var is not None and isinstance(node, ast.Subscript):
+                out.append((node, var))
         return out
 
     @functools.cached_property
@@ -401,23 +522,30 @@ class Module:
         for call in self.calls:
             qual = self.qualname(call.func) or ""
             tail = qual.rsplit(".", 1)[-1]
-            if tail in ("init_process_group", "DistributedDataParallel",
-                        "FullyShardedDataParallel", "fully_shard", "DistributedSampler",
-                        "init_distributed", "spawn"):
+            if tail in DISTRIBUTED_CALLS:
                 return True
             var = self.env_var(call)
             if var in RANK_LIKE_VARS:
                 return True
         return any(var in RANK_LIKE_VARS for _n, var in self.env_subscripts)
 
-    @functools.cache  # noqa: B019 - one Module per file, dropped with it
     def single_node(self) -> bool:
-        """The file itself pins one node: MASTER_ADDR set to the loopback, or an init_method /
-        rendezvous address on the loopback."""
+        """The file itself pins one node: MASTER_ADDR set to the loopback, an init_method /
+        rendezvous address on the loopback, or CUDA_VISIBLE_DEVICES set to a fixed list."""
+        return self._single_node
+
+    @functools.cached_property
+    def _single_node(self) -> bool:
         for sub, var in self.env_subscripts:
             parent = self.parents.get(sub)
-            if var == "MASTER_ADDR" and isinstance(parent, ast.Assign) and \
-                    sub in parent.targets and _is_localhost(parent.value):
+            if not (isinstance(parent, ast.Assign) and sub in parent.targets):
+                continue
+            if var == "MASTER_ADDR" and _is_localhost(parent.value):
+                return True
+            # `os.environ["CUDA_VISIBLE_DEVICES"] = "0,1"`: the script picks GPUs of the one
+            # machine it was written for (a value from an option or elsewhere does not count).
+            if var == "CUDA_VISIBLE_DEVICES" and isinstance(parent.value, ast.Constant) and \
+                    isinstance(parent.value.value, str):
                 return True
         for call in self.calls:
             for kw in call.keywords:
@@ -425,10 +553,13 @@ class Module:
                     return True
         return False
 
-    @functools.cache  # noqa: B019 - one Module per file, dropped with it
     def multi_node(self) -> bool:
         """The file reads a node rank or a node count (or names one), so it is meant to run on
         several nodes."""
+        return self._multi_node
+
+    @functools.cached_property
+    def _multi_node(self) -> bool:
         if any(word in self.identifiers for word in _MULTI_NODE_WORDS):
             return True
         for const in self.strings:
@@ -488,5 +619,5 @@ def iter_nodes(node: ast.AST, kinds: type | tuple[type, ...]) -> Iterable[ast.AS
     return (n for n in ast.walk(node) if isinstance(n, kinds))
 
 
-__all__ = ["GLOBAL", "LOCAL", "LOCAL_SIZE", "Finding", "Module", "iter_nodes", "key_of",
-           "mentions"]
+__all__ = ["DISTRIBUTED_CALLS", "GLOBAL", "LOCAL", "LOCAL_SIZE", "Finding", "Module", "iter_nodes",
+           "key_of", "mentions"]

@@ -10,6 +10,7 @@ from preflight.lint.analysis import (
     _GUARD_WORDS,
     _PARAM,
     _UNKNOWN,
+    DISTRIBUTED_CALLS,
     GLOBAL,
     LOCAL,
     LOCAL_SIZE,
@@ -229,16 +230,25 @@ def _epochs(m: Module, key: str, scope: ast.AST, depth: int, seen: set[tuple[str
                     return inner_sure, None
                 unsure = unsure or inner_unsure
             continue
+        alias = _alias_target(m, use)
+        if alias is not None:  # `self.train_loader = train_loader`, `loader = train_loader`
+            inner_sure, inner_unsure = _epochs(m, alias, use_scope, depth + 1, seen)
+            if inner_sure is not None:
+                return inner_sure, None
+            unsure = unsure or inner_unsure
+            continue
         call = parent if isinstance(parent, ast.Call) and use in parent.args else None
         if call is None and isinstance(parent, ast.keyword):
             grand = m.parents.get(parent)
             call = grand if isinstance(grand, ast.Call) else None
         if call is None:
             continue
-        func = m.local_function(call)
+        init = m.constructor(call)
+        func = init or m.local_function(call)
         if func is not None:
             params = [a.arg for a in [*func.args.posonlyargs, *func.args.args]]
-            if params and params[0] in ("self", "cls") and isinstance(call.func, ast.Attribute):
+            if params and params[0] in ("self", "cls") and (
+                    init is not None or isinstance(call.func, ast.Attribute)):
                 params = params[1:]
             param = None
             if isinstance(parent, ast.keyword):
@@ -257,6 +267,17 @@ def _epochs(m: Module, key: str, scope: ast.AST, depth: int, seen: set[tuple[str
         elif loops and not _tail(m, call.func).endswith(("Loader", "Sampler", "DDP")):
             unsure = unsure or use
     return None, unsure
+
+
+def _alias_target(m: Module, use: ast.AST) -> str | None:
+    """The key a plain assignment ``key = use`` copies the value to (one target, the value
+    itself, not part of an expression)."""
+    parent = m.parents.get(use)
+    if isinstance(parent, ast.Assign) and parent.value is use and len(parent.targets) == 1:
+        return key_of(parent.targets[0])
+    if isinstance(parent, ast.AnnAssign) and parent.value is use:
+        return key_of(parent.target)
+    return None
 
 
 def _returned_to(m: Module, use: ast.AST, scope: ast.AST) -> list[tuple[str, ast.AST]]:
@@ -647,8 +668,47 @@ def check_ddp107(m: Module) -> Iterator[Finding]:
                   f"rank); call set_device first, before anything goes to CUDA")
 
 
-CHECKS: tuple[Callable[[Module], Iterator[Finding]], ...] = (
+Check = Callable[[Module], Iterator[Finding]]
+
+CHECKS: tuple[Check, ...] = (
     check_ddp101, check_ddp102, check_ddp103, check_ddp104, check_ddp105, check_ddp106,
     check_ddp107)
 
-__all__ = ["CHECKS", "GLOBAL", "LOCAL"]
+_ENV = ("environ", "getenv")
+#: What a finding of each rule needs written in the file: one word of each group. Each word is
+#: an identifier the rule resolves by name (an import, an attribute, a called name), and the
+#: parser keeps identifiers as written (after NFKC normalization), so a file without them
+#: cannot give that rule a finding and the rule is not run on it. Kept next to the rules:
+#: tests/lint/test_speed_paths.py checks on real and generated files that gating changes no
+#: finding.
+NEEDS: dict[Check, tuple[tuple[str, ...], ...]] = {
+    # _is_sampler_class: a qualified name ending in .DistributedSampler
+    check_ddp101: (("DistributedSampler",),),
+    check_ddp102: (("DistributedSampler",),),
+    # rank_kind(...) == GLOBAL: RANK & co. from the environment, or dist.get_rank()
+    check_ddp103: ((*_ENV, "get_rank", "get_global_rank"),),
+    # Module.distributed: one of the distributed calls, or a rank variable read
+    check_ddp104: ((*DISTRIBUTED_CALLS, *_ENV),),
+    # _env_str: a rank or size read from os.environ / os.getenv
+    check_ddp105: (_ENV,),
+    # _wrap_target and _is_optimizer (torch.optim.*, configure_optimizers, build_optimizer...)
+    check_ddp106: (("FullyShardedDataParallel", "fully_shard", "FSDP"), ("optim",)),
+    # torch.cuda.set_device / torch.accelerator.set_device_index
+    check_ddp107: (("set_device",),),
+}
+
+
+def checks_for(text: str | bytes) -> tuple[Check, ...]:
+    """The rules that can find something in a file with this text (see :data:`NEEDS`); the
+    text must be the source as Python reads it (decoded by its coding cookie, NFKC-normalized
+    where it is not ASCII), as :func:`preflight.lint.gate_text` makes it."""
+    needs = _NEEDS_BYTES if isinstance(text, bytes) else NEEDS
+    return tuple(check for check in CHECKS
+                 if all(any(w in text for w in group) for group in needs[check]))  # type: ignore[operator]
+
+
+_NEEDS_BYTES = {check: tuple(tuple(w.encode() for w in group) for group in groups)
+                for check, groups in NEEDS.items()}
+
+
+__all__ = ["CHECKS", "GLOBAL", "LOCAL", "NEEDS", "Check", "checks_for"]

@@ -199,8 +199,8 @@ remedy = "mount -t lustre mds01@o2ib:/fs /lustre"
     assert (r["status"], r["reason"], r["scope"]) == ("fail", "LustreMissing", "node")
     assert r["message"] == "/lustre is not mounted"
     text = prom.read_text()
-    assert 'preflight_check_result_info{check="lustre",reason="LustreMissing",status="fail"} 1.0' \
-        in text
+    assert ('preflight_check_result_info{check="lustre",reason="LustreMissing",scope="node",'
+            'status="fail"} 1.0') in text
     table = run_cli(["check", "--config", str(cfg), "--only", "lustre"], fixture=fixture)
     assert "lustre" in table.stdout and "/lustre is not mounted" in table.stdout
 

@@ -250,6 +250,25 @@ def test_diff_and_explain_on_hostile_files(a: str, data: bytes) -> None:
     _run("explain", ["-", str(f)], {}, stdin=data)
 
 
+@_settings
+@given(data=st.binary(max_size=2000), packing=st.sampled_from(
+    ["gzip", "gzip-cut", "utf-16", "utf-32", "zstd-magic", "pickle-magic", "json-magic"]))
+def test_explain_on_hostile_encoded_and_compressed_files(data: bytes, packing: str) -> None:
+    """The decoded and compressed inputs explain reads (BOMs, gzip, zstd) and the dump sniffing,
+    with hostile contents: the documented exit codes, no traceback."""
+    import gzip
+
+    blob = {"gzip": lambda: gzip.compress(data), "gzip-cut": lambda: gzip.compress(data)[:-5],
+            "utf-16": lambda: b"\xff\xfe" + data, "utf-32": lambda: b"\x00\x00\xfe\xff" + data,
+            "zstd-magic": lambda: b"\x28\xb5\x2f\xfd" + data,
+            "pickle-magic": lambda: b"\x80\x02" + data,
+            "json-magic": lambda: b'{"version": ' + data}[packing]()
+    FIXTURE_DIR.mkdir(exist_ok=True)
+    f = FIXTURE_DIR / "input.log"
+    f.write_bytes(blob)
+    _run("explain", [str(f)], {})
+
+
 @settings(max_examples=150 * SCALE, deadline=None, database=None)
 @given(st.one_of(st.binary(max_size=3000),
                  st.recursive(st.one_of(st.none(), st.booleans(), st.integers(),

@@ -40,10 +40,10 @@ def test_text_output_and_exit_codes(project: Path) -> None:
     missing = preflight("clean.py", "nope.py", cwd=project)
     assert missing.returncode == 2
     assert missing.stderr.strip() == "preflight lint: nope.py: no such file or directory"
-    (project / "broken.py").write_text("device = 1\ndef f(:\n")
+    (project / "broken.py").write_text("import os\nrank = os.environ[\"RANK\"]\ndef f(:\n")
     broken = preflight("broken.py", "clean.py", cwd=project)
     assert broken.returncode == 3
-    assert broken.stderr.startswith("preflight lint: broken.py: not valid Python (line 2)")
+    assert broken.stderr.startswith("preflight lint: broken.py: not valid Python (line 3)")
     assert "Traceback" not in broken.stderr
 
 
@@ -60,7 +60,7 @@ def test_directory_walk_json(project: Path) -> None:
 
 
 def test_sarif_is_valid_sarif_2_1_0(project: Path) -> None:
-    (project / "broken.py").write_text("device = (\n")
+    (project / "broken.py").write_text("import os\nos.environ[\"RANK\"] = (\n")
     out = preflight("train.py", "broken.py", "--format", "sarif", cwd=project)
     assert out.returncode == 1
     sarif = json.loads(out.stdout)

@@ -25,7 +25,8 @@ EXPRS = st.sampled_from([
     "DataLoader(ds, sampler={n})", "torch.device(f'cuda:{{{n}}}')", "{n}.cuda()",
     "{n}.cuda(0)", "FSDP({n})", "torch.optim.AdamW({n}.parameters())", "{n} % 8",
     "RandomSampler if {n} else DistributedSampler", "{n}({n})", "'cuda:0'", "[0]", "None",
-    "iter({n})", "lambda: {n}", "{n} == 0", "{n}.set_epoch(1)"])
+    "iter({n})", "lambda: {n}", "{n} == 0", "{n}.set_epoch(1)", "torch.cuda.set_device({n})",
+    "{n}.to('cuda')", "fully_shard({n})", "os.getenv('WORLD_SIZE')"])
 HEADER = ("import os, torch\nimport torch.distributed as dist\n"
           "from torch.utils.data import DataLoader, DistributedSampler, RandomSampler\n"
           "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n")
@@ -114,8 +115,8 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def test_big_non_utf8_and_symlink_loops_through_the_cli(tmp_path: Path) -> None:
     (tmp_path / "big.py").write_bytes(b"device = 1\n" * (10 * 1024 * 1024 // 11 + 1))
-    (tmp_path / "latin1.py").write_bytes(b"device = '\xe9t\xe9'\n")
-    (tmp_path / "nul.py").write_bytes(b"device = 1\x00\n")
+    (tmp_path / "latin1.py").write_bytes(b"environ = '\xe9t\xe9'\n")
+    (tmp_path / "nul.py").write_bytes(b"environ = 1\x00\n")
     loop = tmp_path / "loop"
     loop.mkdir()
     (loop / "self").symlink_to(loop)

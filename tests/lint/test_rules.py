@@ -211,3 +211,68 @@ def test_sure_only_drops_not_sure_findings() -> None:
         """)
     assert [f.severity for f in lint_source(src)] == [Severity.WARNING]
     assert lint_source(src, sure_only=True) == []
+
+
+def test_ddp101_loader_kept_by_a_trainer_class_of_the_file() -> None:
+    src = """
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    class Trainer:
+        def __init__(self, model, train_loader):
+            self.model = model
+            self.train_loader = train_loader
+
+        def _epoch(self):
+            for batch in self.train_loader:
+                self.model(batch)
+
+        def fit(self, epochs):
+            for epoch in range(epochs):
+                self._epoch()
+
+    def loaders(ds):
+        train_loader = DataLoader(ds, sampler=DistributedSampler(ds))
+        return train_loader
+
+    def main(ds, model):
+        loader = loaders(ds)
+        Trainer(model, loader).fit(10)
+    """
+    assert rules(src) == [(19, "DDP101", "error")]
+    fixed = src.replace("def _epoch(self):\n",
+                        "def _epoch(self):\n            self.train_loader.sampler.set_epoch(0)\n")
+    assert rules(fixed) == []
+
+
+def test_ddp105_through_a_property() -> None:
+    src = """
+    import os
+
+    class Coordinator:
+        def __init__(self):
+            self._local_rank = os.environ.get("LOCAL_RANK", -1)
+
+        @property
+        def local_rank(self):
+            return self._local_rank
+
+        def is_node_master(self):
+            return self.local_rank == 0
+    """
+    assert rules(src) == [(13, "DDP105", "error")]
+    assert rules(src.replace('os.environ.get("LOCAL_RANK", -1)',
+                             'int(os.environ.get("LOCAL_RANK", -1))')) == []
+
+
+def test_ddp102_quiet_when_the_script_fixes_its_gpus() -> None:
+    src = """
+    import os
+    import torch.distributed as dist
+    from torch.utils.data import DistributedSampler
+    os.environ["CUDA_VISIBLE_DEVICES"] = {value}
+    dist.init_process_group("nccl")
+    sampler = DistributedSampler(ds, num_replicas=2, rank=args.local_rank)
+    """
+    assert rules(src.format(value='"0,1"')) == []
+    assert rules(src.format(value="args.gpus")) == [(7, "DDP102", "warning")]

@@ -26,6 +26,7 @@ else:  # pragma: no cover
 import yaml
 
 from preflight.core.boundedio import read_bounded
+from preflight.core.textsafe import escape
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -195,9 +196,9 @@ def shown(value: Any) -> str:
 
 
 def cut(text: str, limit: int = 200) -> str:
-    """``text`` on one line, at most ``limit`` characters."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    """``text`` on one line, printable (control characters escaped), at most ``limit``
+    characters."""
+    return escape(" ".join(text.split()), limit)
 
 
 def _coerce(key: str, value: Any, source: str, *, from_text: bool) -> Any:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from preflight.core.boundedio import read_bounded
 from preflight.core.context import activity
 
 
@@ -185,7 +186,7 @@ class FixtureFileGpuProbe:
 
     def snapshot(self) -> GpuSnapshot:
         try:
-            return GpuSnapshot.from_json(json.loads(self.path.read_text()))
+            return GpuSnapshot.from_json(json.loads(read_bounded(self.path)))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise RuntimeError(f"NVML fixture {self.path} unusable: {exc}") from exc
 

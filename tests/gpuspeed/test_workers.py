@@ -59,8 +59,9 @@ def test_a_frozen_worker_is_named_with_its_gpu_and_phase_and_nothing_is_left() -
     assert rec.failure.message.startswith("the worker for GPU 1, 0000:00:07.0 stopped in d2d "
                                           "(process state T"), rec.failure.message
     assert rec.failure.ranks == (1,)
-    # Named by its stopped state, before the 7.5 s measurement deadline.
-    assert took < opts.timeout_s / 4, took
+    # "(process state T" above: named by its stopped state, not by the 7.5 s measurement
+    # deadline (whose message differs), so the clock only has to show the run did not hang.
+    assert took < opts.timeout_s, took
     assert all(_gone(st.pid) for st in rec.workers)
 
 

@@ -199,7 +199,9 @@ def test_deadline_while_importing_says_so(tmp_path: Path) -> None:
     fake.mkdir()
     (fake / "__init__.py").write_text("import time\ntime.sleep(60)\n")
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
-    result = judge(run_workers(_opts(timeout_s=4.0, env=env)))
+    # 10 s: a start-up deadline of 5 s, by which even a loaded machine has started the
+    # interpreter (else the message would say it had not), while the import still sleeps.
+    result = judge(run_workers(_opts(timeout_s=10.0, env=env)))
     assert result.status is Status.ERROR and result.reason == "WorkerStartSlow", result.message
     assert "still starting after" in result.message
     assert "still importing torch / nccl4py / cuda-bindings" in result.message

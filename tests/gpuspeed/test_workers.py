@@ -109,7 +109,10 @@ def test_the_all_reduce_runs_on_its_own_when_the_speed_step_ended_the_run() -> N
     ar = BenchOptions(backend="gloo", nproc=2, sizes=(1 << 20,), timeout_s=60, iters=3, warmup=1)
     tests = GpuTests()
     tests.expect_allreduce(ar)
-    speed = tests.speed(_speed(timeout_s=8, env={**os.environ, STALL_ENV: "0000:00:06.0:gemm"}))
+    # 30 s: the whole speed step's deadline, start-up included, which a loaded machine's slow
+    # worker start must not reach; the stall itself is named by its stopped state in ~2 s.
+    speed = tests.speed(_speed(timeout_s=30, env={**os.environ,
+                                                  STALL_ENV: "0000:00:06.0:gemm"}))
     assert speed.failure is not None and speed.failure.kind == "stalled"
     record = tests.allreduce(ar)
     assert record.failure is None and judge(record).status is Status.PASS

@@ -8,12 +8,15 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from preflight.core.boundedio import BoundedReadError, read_small, read_small_text
+from preflight.probes.nvml import scan_pci_gpus
 from tests.helpers import REPO
 
 #: The CLI's resident memory must stay far below the 3 GB file (it measured ~30 MB).
@@ -96,3 +99,41 @@ def test_a_proc_file_that_grows_past_the_limit_is_refused(tmp_path: Path) -> Non
     assert b"Pid:" in data
     with pytest.raises(BoundedReadError, match="more than the 16 bytes"):
         read_small("/proc/self/status", max_bytes=16)
+
+
+def _pci_device(devices: Path, bus_id: str, vendor: str = "0x10de\n",
+                klass: str = "0x030200\n") -> Path:
+    dev = devices / bus_id
+    dev.mkdir(parents=True)
+    (dev / "vendor").write_text(vendor)
+    (dev / "class").write_text(klass)
+    return dev
+
+
+def test_the_pci_scan_skips_trap_attributes_unread(tmp_path: Path) -> None:
+    """``scan_pci_gpus`` under a --root whose PCI attributes are a FIFO nobody writes and a
+    256 MiB sparse file: both devices are skipped at once, memory stays small, the real GPUs
+    are still found."""
+    devices = tmp_path / "sys" / "bus" / "pci" / "devices"
+    _pci_device(devices, "0000:18:00.0")
+    _pci_device(devices, "0000:2a:00.0", klass="0x030000\n")  # a VGA controller counts too
+    _pci_device(devices, "0000:00:1f.0", vendor="0x8086\n", klass="0x060100\n")
+    fifo = _pci_device(devices, "0000:3b:00.0")
+    (fifo / "vendor").unlink()
+    os.mkfifo(fifo / "vendor")
+    big = _pci_device(devices, "0000:4c:00.0")
+    with (big / "class").open("wb") as f:
+        f.truncate(256 << 20)
+    found: list[tuple[str, ...]] = []
+    tracemalloc.start()
+    try:
+        worker = threading.Thread(target=lambda: found.append(scan_pci_gpus(tmp_path / "sys")),
+                                  daemon=True)
+        worker.start()
+        worker.join(30)  # a blocking open of the FIFO would never return
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert not worker.is_alive(), "scan_pci_gpus blocked on the FIFO"
+    assert found == [("0000:18:00.0", "0000:2a:00.0")]
+    assert peak < 4 << 20, peak  # the 256 MiB file was not read

@@ -123,8 +123,9 @@ def test_hung_interpreter_is_error_via_runner(make_ctx: MakeCtx, tmp_path: Path)
     ctx = make_ctx(python=str(exe), check_timeout_s=10.0, watched_packages=())
     report = run_checks(ctx, select(CHECKS, only=["versions"]))
     r = report.results[0]
-    assert (r.status, r.scope.value) == (Status.ERROR, "undecided")
+    assert (r.status, r.reason, r.scope.value) == (Status.ERROR, "ProbeTimeout", "undecided")
     assert "did not describe its environment within 8 s" in r.message
+    assert "bug" not in r.remedy  # the node did not answer; preflight did not crash
 
 
 def test_no_driver_node(make_ctx: MakeCtx) -> None:

@@ -33,6 +33,7 @@ log = logging.getLogger("preflight")
 SUBCOMMAND_MODULES = (
     "preflight.commands.check",
     "preflight.commands.bench",
+    "preflight.commands.ddp",
     "preflight.commands.fingerprint",
     "preflight.commands.serve",
     "preflight.commands.explain",
@@ -204,7 +205,7 @@ def _prolog_usage_fail_open(argv: Sequence[str], exc: SystemExit) -> int:
     ``--fail-closed`` is among the arguments. Other commands keep argparse's exit (2; 0 for
     --help)."""
     code = exc.code if isinstance(exc.code, int) else 2
-    commands = {"check", "bench", "fingerprint", "diff", "serve", "explain", "prolog",
+    commands = {"check", "bench", "ddp", "fingerprint", "diff", "serve", "explain", "prolog",
                 "cluster", "lint", "docs"}
     command = next((a for a in argv if a in commands), None)
     if code == 0 or command != "prolog":

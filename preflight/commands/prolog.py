@@ -17,7 +17,8 @@ careful about what it lets through (Slurm docs, slurm.conf: Prolog, HealthCheckP
   The traceback of an internal error shows only at ``--log-level debug``.
 
 The bandwidth test is off unless ``--bandwidth``: a prolog should take seconds (MessageTimeout,
-10 s by default); run the all-reduce from the daemon or a timer. Slurm sets no PATH for the
+10 s by default); run the all-reduce from the daemon or a timer. ``--ddp`` adds the DDP ladder
+(``preflight ddp``) for sites that accept its seconds. Slurm sets no PATH for the
 prolog: ``--scontrol`` defaults to the first of /usr/bin/scontrol, /usr/local/bin/scontrol.
 """
 
@@ -68,6 +69,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--bandwidth", action="store_true",
                    help="also run the tests that load the GPUs: the timed all-reduce and gpu_speed "
                         "(seconds; off by default in a prolog)")
+    p.add_argument("--ddp", action="store_true",
+                   help="also run the check ddp, the field guide's minimal DDP run (seconds: "
+                        "torch's import; a failure a job variable bears on never drains)")
     p.add_argument("--fail-closed", action="store_true",
                    help="drain and exit 1 also when preflight could not decide or its config is "
                         "bad (default: log and let the job run)")
@@ -140,6 +144,10 @@ def _judge(args: argparse.Namespace, node: str, scontrol: str) -> int:
         if not args.bandwidth:
             skip += GPU_LOAD_CHECKS
         every = (*CHECKS, *site_checks(ctx.config, [c.name for c in CHECKS]))
+        if args.ddp:
+            from preflight.ddp.check import CHECK
+
+            every = (*every, CHECK)
         checks = select(every, skip=skip)
     except (ConfigError, SelectionError) as exc:
         _say(f"configuration error: {exc}")

@@ -73,8 +73,11 @@ def main() -> int:
     start: dict[str, list[float]] = {}
     ranks = 0
     status = ""
-    for _ in range(a.runs):
+    for i in range(a.runs):
         wall, data, rc = ladder_run(env, extra)
+        print(f"# run {i + 1}: wall {wall:.2f} s, start-up {data.get('start_s')}; " + "; ".join(
+            f"{s['name']} {s['status']} {s['seconds']} {s['phase_s']}" for s in data["steps"]
+            if s["seconds"] is not None), flush=True)
         walls.append(wall)
         inner.append(float(data["elapsed_s"]))
         ranks = len(data.get("ranks") or [])

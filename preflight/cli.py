@@ -38,6 +38,8 @@ SUBCOMMAND_MODULES = (
     "preflight.commands.serve",
     "preflight.commands.explain",
     "preflight.commands.prolog",
+    "preflight.commands.epilog",
+    "preflight.commands.xid",
     "preflight.commands.cluster",
     "preflight.commands.lint",
     "preflight.commands.docs",
@@ -152,6 +154,15 @@ def emit_report(report: Report, *, as_json: bool) -> None:
     emit(as_json=as_json, data=report.to_json, text=table)
 
 
+class PrintableFormatter(logging.Formatter):
+    """Log lines with control characters escaped: a message quotes what a job, a peer or a check
+    child wrote, and a newline in it would forge a second log line (an ESC sequence would drive
+    the terminal of whoever tails the journal). Tracebacks keep their lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return escape(super().formatMessage(record))
+
+
 def report_exit(report: Report, *, strict: bool) -> int:
     return int(exit_code(report.status, strict=strict))
 
@@ -165,8 +176,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _prolog_usage_fail_open(argv, exc)
     if sys.stdout is None:  # started with stdout closed (>&-): fail on the first write, once
         sys.stdout = _ClosedStdout()
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="preflight: %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(PrintableFormatter("preflight: %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     try:
         # SIGTERM / SIGHUP: the workers and scratch files of the checks' threads are removed
         # before the process dies of the signal (core/aborting.py).
@@ -175,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         return code
     except ConfigError as exc:
-        print(f"preflight: configuration error: {exc}", file=sys.stderr)
+        print(f"preflight: configuration error: {escape(str(exc), 2000)}", file=sys.stderr)
         return int(ExitCode.USAGE)
     except KeyboardInterrupt:
         aborting.abort()
@@ -206,14 +218,14 @@ def _prolog_usage_fail_open(argv: Sequence[str], exc: SystemExit) -> int:
     --help)."""
     code = exc.code if isinstance(exc.code, int) else 2
     commands = {"check", "bench", "ddp", "fingerprint", "diff", "serve", "explain", "prolog",
-                "cluster", "lint", "docs"}
+                "epilog", "xid", "cluster", "lint", "docs"}
     command = next((a for a in argv if a in commands), None)
-    if code == 0 or command != "prolog":
+    if code == 0 or command not in ("prolog", "epilog"):
         raise exc
-    if "--fail-closed" in argv:
+    if "--fail-closed" in argv and "--report-only" not in argv:
         return int(ExitCode.FAILED)
-    print("preflight prolog: usage error in the prolog's command line (above); letting the job "
-          "run (--fail-closed would drain the node)", file=sys.stderr)
+    print(f"preflight {command}: usage error in the {command}'s command line (above); letting "
+          "the job run (--fail-closed would drain the node)", file=sys.stderr)
     return int(ExitCode.OK)
 
 

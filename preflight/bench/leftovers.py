@@ -35,7 +35,7 @@ def remove_orphans(before: Iterable[str], *, directory: str = SHM_DIR,
     if not new:
         return ()
     owner = os.geteuid() if uid is None else uid
-    busy = _in_use(directory, proc)
+    busy = paths_in_use(directory, proc)
     removed = []
     for name in sorted(new):
         path = os.path.join(directory, name)
@@ -53,7 +53,7 @@ def remove_orphans(before: Iterable[str], *, directory: str = SHM_DIR,
     return tuple(removed)
 
 
-def _in_use(directory: str, proc: str) -> set[str]:
+def paths_in_use(directory: str, proc: str = "/proc") -> set[str]:
     """Paths under ``directory`` that a process we can inspect has open (fd) or mapped (maps)."""
     prefix = directory.rstrip("/") + "/"
     used: set[str] = set()

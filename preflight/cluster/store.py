@@ -38,14 +38,22 @@ class MasterLost(RuntimeError):
 
 def torch_missing() -> str | None:
     """None when torch.distributed imports, else the one-line reason."""
-    # The 1 s wait slices time out by design; c10d would log a warning for each one.
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    # c10 reads TORCH_CPP_LOG_LEVEL once, when torch loads. The 1 s wait slices time out by
+    # design, and a connection that times out logs a 30-line C++ stack trace at ERROR: each
+    # failure is said here in one line instead (FATAL). Restored after the import, so the
+    # workers this process starts keep the job's own level.
+    previous = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    if previous is None:
+        os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "Failed to initialize NumPy" on a numpy-less venv
             import torch.distributed as dist
     except ImportError as exc:
         return f"{exc}"
+    finally:
+        if previous is None:
+            os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
     if not dist.is_available():
         return "this torch build has no torch.distributed"
     return None

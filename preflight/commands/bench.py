@@ -12,6 +12,7 @@ import sys
 from preflight.cli import Formatter, add_config_options, build_context, emit
 from preflight.core.config import RANGES
 from preflight.core.result import ExitCode, exit_code
+from preflight.core.textsafe import escape
 
 #: Most ranks one bench may start: more than any node's GPUs (NVL72 trays hold 4; HGX boards 8,
 #: 16 at most), and a bound on the processes a typo (``--nproc 100000``) can start.
@@ -123,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
                         max_bytes=args.max_bytes, debug=args.debug,
                         engine=ctx.config.bench_engine)
     except BenchUsageError as exc:
-        print(f"preflight bench: {exc}", file=sys.stderr)
+        print(f"preflight bench: {escape(str(exc), 600)}", file=sys.stderr)
         return int(ExitCode.USAGE)
     tty = sys.stderr.isatty() and not args.json
 

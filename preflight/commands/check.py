@@ -7,6 +7,7 @@ import sys
 
 from preflight.checks import CHECKS, GPU_LOAD_CHECKS
 from preflight.checks.site import site_checks
+from preflight.checks.versions import check_targets
 from preflight.cli import Formatter, add_config_options, build_context, emit_report, report_exit
 from preflight.core.check import Check
 from preflight.core.result import ExitCode, Report, Status
@@ -84,7 +85,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "its own)")
     p.add_argument("--prom-file", metavar="PATH",
                    help="also write the metrics in node_exporter textfile format to PATH "
-                        "(atomically: temp file + rename)")
+                        "(a regular file or a new path, replaced atomically; a symlink is "
+                        "followed; a device or FIFO is refused). A failed write is reported on "
+                        "stderr and never changes the verdict or the exit code")
     add_config_options(p)
     p.set_defaults(func=run)
 
@@ -110,15 +113,23 @@ def run(args: argparse.Namespace) -> int:
     try:
         checks = select(every, only=args.only, skip=skip)
     except SelectionError as exc:
-        print(f"preflight check: {exc}", file=sys.stderr)
+        print(f"preflight check: {escape(str(exc), 600)}", file=sys.stderr)
         return int(ExitCode.USAGE)
+    # A --python or golden file that cannot be used is a configuration error (exit 2), not a
+    # verdict about this node.
+    check_targets(ctx.config, [c.name for c in checks], timeout_s=ctx.config.check_timeout_s)
     report = run_checks(ctx, checks)
-    if args.prom_file:
-        from preflight.outputs.prom import write_textfile
-
-        write_textfile(report, args.prom_file)
     if args.summary:
         print(summary_line(report))
     else:
         emit_report(report, as_json=args.json)
+    if args.prom_file:
+        sys.stdout.flush()  # the verdict is out before a slow or failing disk is touched
+        from preflight.outputs.prom import TextfileError, write_textfile
+
+        try:
+            write_textfile(report, args.prom_file)
+        except TextfileError as exc:
+            # The metrics file is a side channel: its failure never changes the verdict.
+            print(f"preflight check: --prom-file {escape(str(exc), 600)}", file=sys.stderr)
     return report_exit(report, strict=args.strict)

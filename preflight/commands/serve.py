@@ -14,6 +14,7 @@ import sys
 from preflight.cli import Formatter, add_config_options
 from preflight.core.config import Config, load
 from preflight.core.result import ExitCode
+from preflight.core.textsafe import escape
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -55,6 +56,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         daemon.serve_forever()
     except DaemonError as exc:
-        print(f"preflight serve: {exc}", file=sys.stderr)
+        print(f"preflight serve: {escape(str(exc), 600)}", file=sys.stderr)
         return int(ExitCode.USAGE)
     return int(ExitCode.OK)

@@ -26,6 +26,7 @@ else:  # pragma: no cover
 import yaml
 
 from preflight.core.boundedio import read_bounded
+from preflight.core.textsafe import escape
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -134,6 +135,22 @@ class Config:
     bandwidth_interval_s: float = 3600.0
     #: Daemon: where to listen.
     listen: str = "127.0.0.1:9857"
+    #: Slurm hooks (prolog, epilog, HealthCheckProgram): the whole run's deadline, seconds (under
+    #: Slurm's MessageTimeout, 10 s by default); whatever hangs, the hook has ended by then.
+    prolog_budget_s: float = 8.0
+    #: A GPU probe that has not answered within this many seconds while the driver is known to
+    #: be initialised is a node fault (``NvmlNotAnswering``); see docs/slurm.md for the figures.
+    gpu_probe_timeout_s: float = 5.0
+    #: Slurm hooks: do not drain when the nodes already drained by preflight are more than this
+    #: fraction of the cluster (one ``sinfo`` call); 1.0 turns the guard off.
+    max_drain_fraction: float = 0.1
+    #: ``--resume``: consecutive passing runs after which a node drained by preflight is resumed.
+    resume_after: int = 2
+    #: Where preflight keeps what it must remember between runs (passes, Xid acknowledgements).
+    state_dir: str = "/var/lib/preflight"
+    #: epilog: GPU memory in use on a GPU without a compute process above which the memory is
+    #: "not released" (the driver itself reserves some; docs/slurm.md has the figure).
+    epilog_idle_memory_max_bytes: int = GiB
     #: Checks the site adds: executables with a deadline (docs/site-checks.md); file only.
     site_checks: tuple[SiteCheck, ...] = ()
 
@@ -181,9 +198,9 @@ def shown(value: Any) -> str:
 
 
 def cut(text: str, limit: int = 200) -> str:
-    """``text`` on one line, at most ``limit`` characters."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    """``text`` on one line, printable (control characters escaped), at most ``limit``
+    characters."""
+    return escape(" ".join(text.split()), limit)
 
 
 def _coerce(key: str, value: Any, source: str, *, from_text: bool) -> Any:
@@ -342,6 +359,11 @@ RANGES: dict[str, tuple[float, float]] = {
     "kube_max_marked_fraction": (0, 1.0),
     "kube_heartbeat_s": (10.0, _DAY_S),
     "kube_timeout_s": (0.1, 300.0),
+    "prolog_budget_s": (0.5, 3600.0),
+    "gpu_probe_timeout_s": (0.1, 600.0),
+    "max_drain_fraction": (0.0, 1.0),
+    "resume_after": (1, 1000),
+    "epilog_idle_memory_max_bytes": (0, 1 << 44),
 }
 #: Longest string or list a config value may be (a path, a package list).
 _MAX_TEXT_CHARS = 4096
@@ -385,6 +407,7 @@ def validate(config: Config, *, source: str) -> Config:
          "auto, cuda, torch or cpu")
     need(config.kube_guard_selector.isascii() and config.kube_guard_selector.isprintable(),
          "kube_guard_selector", "a label selector in printable ASCII")
+    need(config.state_dir.startswith("/"), "state_dir", "an absolute path")
     port = _listen_port(config.listen)
     need(port is not None and port <= 65535, "listen", "HOST:PORT with a port in 0..65535")
     need(len(config.site_checks) <= MAX_TABLES, "site_checks", f"at most {MAX_TABLES} entries")

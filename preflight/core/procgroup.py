@@ -3,7 +3,8 @@
 ``subprocess.run(timeout=...)`` kills only the direct child, then waits for its pipes to close: a
 wrapper script (``#!/bin/sh`` around the training venv's python, a site's ``scontrol`` shim) whose
 own child keeps the pipe open makes that wait endless, and the grandchild keeps running. Here the
-child leads its own session and process group, and on the deadline the whole group is killed.
+child leads its own session and process group, its own exit (not the end of its pipes) says when
+it is done, and on the deadline or after its exit the whole group is killed.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from preflight.core import aborting
 
 #: Seconds to collect what a killed group wrote before giving up on its pipes.
 _DRAIN_S = 2.0
+#: What is kept of stdout and of stderr without ``max_output_bytes`` (the rest is dropped).
+MAX_OUTPUT_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,10 @@ def run_in_group(argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str
         proc.wait()
         raise
     try:
-        if max_output_bytes is not None and input_bytes is None:
-            return _read_bounded(proc, argv, timeout_s, max_output_bytes)
+        if input_bytes is None:
+            # Judged by the helper's own exit: a grandchild it left holding the pipes (an
+            # scontrol wrapper that backgrounds a logger) is not waited for.
+            return _read_bounded(proc, argv, timeout_s, max_output_bytes or MAX_OUTPUT_BYTES)
         out, err = proc.communicate(input_bytes, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         _kill_group(proc.pid)
@@ -128,9 +133,33 @@ def _read_bounded(proc: subprocess.Popen[bytes], argv: Sequence[str], timeout_s:
     return Finished(returncode, bytes(kept[out]), bytes(kept[err]), dropped[out], dropped[err])
 
 
+class HelperFailed(RuntimeError):
+    """A helper run by :func:`run_checked` could not be started, did not finish in time, or
+    exited non-zero; the message says which, in one line."""
+
+
+def run_checked(argv: Sequence[str], *, timeout_s: float) -> Finished:
+    """:func:`run_in_group`, with every way it can go wrong as one :class:`HelperFailed` line:
+    ``X did not answer within T s (its process group was killed)``, ``cannot run X: reason``,
+    ``X ARG exit N: <its last line of stderr>``."""
+    name = os.path.basename(argv[0])
+    try:
+        proc = run_in_group(argv, timeout_s=timeout_s)
+    except GroupTimeout:
+        raise HelperFailed(f"{argv[0]} did not answer within {timeout_s:.3g} s (its process "
+                           "group was killed)") from None
+    except OSError as exc:
+        raise HelperFailed(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
+    if proc.returncode != 0:
+        said = (proc.stderr or proc.stdout).decode(errors="replace").strip().splitlines()
+        what = f"{name} {argv[1]}" if len(argv) > 1 else name
+        raise HelperFailed(f"{what} exit {proc.returncode}{': ' + said[-1][:300] if said else ''}")
+    return proc
+
+
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
 
 
-__all__ = ["Finished", "GroupTimeout", "run_in_group"]
+__all__ = ["Finished", "GroupTimeout", "HelperFailed", "run_checked", "run_in_group"]

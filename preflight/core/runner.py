@@ -98,6 +98,12 @@ def run_checks(ctx: Context, checks: Sequence[Check], *, mode: str = "check") ->
             if failed is not None:
                 raise failed
             result = check.run(ctx)
+        except TimeoutError as exc:
+            # A probe's own deadline (a resolver, NVML): the node did not answer, no bug.
+            result = Result(check.name, Status.ERROR, "ProbeTimeout",
+                            f"{check.name} could not decide: {exc}",
+                            "Something on this node did not answer in time (named above); "
+                            "rerun, and look at it if it recurs.", scope=Scope.UNDECIDED)
         except Exception as exc:
             result = _crashed(check, exc)
         # ERROR means "could not decide": never the node's nor the job's fault.

@@ -16,10 +16,8 @@ from __future__ import annotations
 import math
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from prometheus_client.core import (
@@ -39,8 +37,8 @@ from preflight.checks.gpu_visible import NAME as GPU_VISIBLE
 from preflight.checks.memlock import NAME as MEMLOCK
 from preflight.checks.shm import NAME as SHM
 from preflight.checks.xid import NAME as XID
-from preflight.core.config import ConfigError
 from preflight.core.result import Report, Result, Scope, Status
+from preflight.outputs.textfile import TextfileError, write_metrics_file
 
 NAN = float("nan")
 
@@ -431,34 +429,15 @@ def render(snapshot: MetricsSnapshot) -> bytes:
 
 def write_textfile(report: Report, path: str | os.PathLike[str], *,
                    known_checks: Sequence[str] = ()) -> None:
-    """Write ``report``'s metrics for node_exporter's textfile collector, atomically.
-
-    node_exporter may read the file at any moment, so the text goes to a temporary file in the same
-    directory (same filesystem, so the rename is atomic), is flushed to disk, made world-readable
-    (node_exporter often runs as another user) and renamed over ``path``.
+    """Write ``report``'s metrics for node_exporter's textfile collector, by the rules of
+    :mod:`preflight.outputs.textfile` (atomic rename over a regular file; a device, FIFO or
+    directory is refused; a failed write leaves no stale verdict).
 
     Raises:
-        ConfigError: the directory does not exist or is not writable (the CLI exits 2 with it).
+        TextfileError: not written; the caller says so on stderr and keeps its verdict.
     """
-    target = Path(path)
-    data = render(MetricsSnapshot(report=report, known_checks=known_checks))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
-                                   dir=target.parent if str(target.parent) else ".")
-    except OSError as exc:
-        raise ConfigError(f"--prom-file {target}: cannot create a file in {target.parent}: "
-                          f"{exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-            os.fchmod(fh.fileno(), 0o644)
-        os.replace(tmp, target)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise ConfigError(f"--prom-file {target}: cannot write: {exc.strerror or exc}") from None
+    write_metrics_file(path, render(MetricsSnapshot(report=report, known_checks=known_checks)))
 
 
-__all__ = ["DaemonStats", "MetricsSnapshot", "ReportCollector", "make_registry", "render",
-           "write_textfile"]
+__all__ = ["DaemonStats", "MetricsSnapshot", "ReportCollector", "TextfileError", "make_registry",
+           "render", "write_textfile"]

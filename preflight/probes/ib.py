@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from preflight.core.boundedio import read_small_text
 from preflight.probes.ibparse import ERROR_COUNTERS, parse_counter, parse_ib_state, parse_numbered
 
 #: Most ports read (a node has a handful; a bound keeps a strange tree from costing seconds).
@@ -98,8 +99,10 @@ class PortInfo:
 
 
 def _read(path: Path) -> str | None:
+    """A sysfs attribute's text; None when missing, unreadable, or not a small regular file (a
+    FIFO or a huge file in a --root tree is refused unread)."""
     try:
-        return path.read_text(errors="replace").strip()
+        return read_small_text(path)
     except OSError:
         return None
 

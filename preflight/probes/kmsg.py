@@ -17,10 +17,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from preflight.core.boundedio import BoundedReadError, file_kind, read_small_text
 
 #: Most bytes read from either source (the default ring buffer is 128 KiB to a few MiB).
 MAX_LOG_BYTES = 32 << 20
@@ -61,11 +64,15 @@ def read_kmsg(path: Path, *, deadline_s: float, max_bytes: int = MAX_LOG_BYTES) 
         OSError: ``path`` cannot be opened (missing, EPERM under dmesg_restrict).
     """
     stop_at = time.monotonic() + deadline_s
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     chunks: list[bytes] = []
     size = 0
     try:
-        if not os.path.isfile(path):
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISCHR(mode) or stat.S_ISREG(mode)):
+            raise BoundedReadError(f"is {file_kind(mode)}; expected the kernel's /dev/kmsg "
+                                   "device or a saved log file")
+        if not stat.S_ISREG(mode):
             # SEEK_SET 0 = the first record still in the buffer (the default, said explicitly).
             with contextlib.suppress(OSError):
                 os.lseek(fd, 0, os.SEEK_SET)
@@ -149,7 +156,7 @@ def read_kernel_log(root: Path, *, deadline_s: float = 5.0, max_bytes: int = MAX
 def uptime_s(root: Path) -> float | None:
     """Seconds since boot from ``<root>/proc/uptime``; None when unreadable."""
     try:
-        return float((root / "proc" / "uptime").read_text().split()[0])
+        return float(read_small_text(root / "proc" / "uptime").split()[0])
     except (OSError, ValueError, IndexError):
         return None
 

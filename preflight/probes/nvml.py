@@ -180,6 +180,7 @@ class NvmlGpuProbe:
             pci_bus_id=bus_id,
             name=_text(name) if name is not None else "",
             memory_total_bytes=int(mem.total) if mem is not None else None,
+            memory_used_bytes=int(mem.used) if mem is not None else None,
             error=error,
             remap_pending=bool(remap[2]) if remap is not None else None,
             remap_failure=bool(remap[3]) if remap is not None else None,

@@ -228,7 +228,9 @@ def test_prolog_drains_for_a_node_fail_but_never_for_a_broken_script(
     cfg.write_text(json.dumps({"site_checks": [{"name": "bios", "path": str(failing),
                                                 "reason": "BiosSetting"}]}))
     proc = run_cli(["prolog", "--scontrol", str(fake), "--config", str(cfg), "--skip", skip],
-                   fixture=fixture, env={"SLURMD_NODENAME": "gpu017"})
+                   fixture=fixture, env={"SLURMD_NODENAME": "gpu017",
+                                         # no sinfo here: no fleet guard (tests/slurm has one)
+                                         "PREFLIGHT_MAX_DRAIN_FRACTION": "1"})
     assert proc.returncode == 1
     assert "reason=preflight: bios BiosSetting" in calls.read_text()
 

@@ -103,10 +103,13 @@ def test_hash_path_missing_warns_without_golden(make_ctx: MakeCtx, tmp_path: Pat
     assert f"{tmp_path / 'data'}: <missing>" in r.message
 
 
-def test_missing_interpreter_fails(make_ctx: MakeCtx, tmp_path: Path) -> None:
+def test_missing_interpreter_is_undecided_never_a_node_fault(make_ctx: MakeCtx,
+                                                             tmp_path: Path) -> None:
+    """The commands refuse such a --python before the checks run (a configuration error); if it
+    vanishes in between, the check cannot decide: ERROR, never a FAIL that drains."""
     python = tmp_path / "shared" / "venv" / "bin" / "python"
     r = versions.run(make_ctx(python=str(python)))
-    assert (r.status, r.reason) == (Status.FAIL, "PythonMissing")
+    assert (r.status, r.reason, r.scope.value) == (Status.ERROR, "PythonMissing", "undecided")
     assert str(python) in r.message and str(python) in r.remedy
 
 

@@ -56,6 +56,7 @@ def test_internal_error_in_prolog_lets_the_job_run_unless_fail_closed(
 
     monkeypatch.setattr("preflight.commands.prolog.run_checks", broken)
     monkeypatch.setenv("SLURMD_NODENAME", "gpu017")
+    monkeypatch.setenv("PREFLIGHT_MAX_DRAIN_FRACTION", "1")  # no sinfo here: no fleet guard
     assert cli.main(["prolog", "--scontrol", str(fake), "--expect-gpus", "0"]) == 0
     assert not calls.exists()
     err = capsys.readouterr().err

@@ -144,5 +144,6 @@ def test_diff_and_golden_refuse_streams(tmp_path: Path) -> None:
     assert proc.stderr.strip() == f"preflight diff: {fifo}: is a FIFO; expected a regular file"
     proc = run_cli(["check", "--only", "versions", "--expect-gpus", "0", "--golden", "/dev/zero",
                     "--json"], timeout=30)
-    assert proc.returncode == 3  # undecided: the golden file cannot be compared
-    assert "/dev/zero: is a device; expected a regular file" in proc.stdout
+    assert proc.returncode == 2  # the operator's config: refused before any check runs
+    assert "configuration error: golden /dev/zero: /dev/zero: is a device; expected a regular " \
+           "file" in proc.stderr

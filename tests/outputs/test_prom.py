@@ -14,9 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preflight.core.config import ConfigError
 from preflight.core.result import Report, Result, Scope, Status
-from preflight.outputs.prom import DaemonStats, MetricsSnapshot, render, write_textfile
+from preflight.outputs.prom import (
+    DaemonStats,
+    MetricsSnapshot,
+    TextfileError,
+    render,
+    write_textfile,
+)
 from tests.serve.conftest import REPO, fixture_file, samples
 
 PROMTOOL = shutil.which("promtool")
@@ -185,12 +190,13 @@ def test_textfile_is_written_atomically_and_world_readable(tmp_path: Path) -> No
 
 
 def test_textfile_in_a_missing_directory_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"--prom-file .*missing.*cannot create"):
+    with pytest.raises(TextfileError, match=r"missing.*cannot create"):
         write_textfile(Report(results=()), tmp_path / "missing" / "x.prom")
 
 
 def test_check_prom_file_end_to_end(tmp_path: Path) -> None:
-    """``preflight check --prom-file`` writes what node_exporter reads; a bad path exits 2."""
+    """``preflight check --prom-file`` writes what node_exporter reads; a bad path is said on
+    stderr and leaves the verdict's exit code alone."""
     prom = tmp_path / "preflight.prom"
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_")},
            "PYTHONPATH": str(REPO), "PREFLIGHT_NVML_FIXTURE": str(fixture_file(tmp_path))}
@@ -211,7 +217,7 @@ def test_check_prom_file_end_to_end(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "preflight", "check", "--only", "shm",
                           "--prom-file", str(tmp_path / "nope" / "x.prom")],
                          capture_output=True, env=env, timeout=60, check=False)
-    assert bad.returncode == 2
+    assert bad.returncode == run.returncode
     assert b"nope" in bad.stderr
     assert b"Traceback" not in bad.stderr
 

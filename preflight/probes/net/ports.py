@@ -8,9 +8,10 @@ import errno
 import os
 import socket
 from dataclasses import dataclass
-from pathlib import Path
 
 import psutil
+
+from preflight.core.boundedio import read_small_text
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def free_port_near(port: int, *, tries: int = 64) -> int | None:
     low, high = 32768, 60999
     with contextlib.suppress(OSError, ValueError):
         low, high = (int(x) for x in
-                     Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+                     read_small_text("/proc/sys/net/ipv4/ip_local_port_range").split())
     candidate = port
     for _ in range(tries):
         candidate += 1

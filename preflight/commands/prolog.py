@@ -52,8 +52,9 @@ prolog_budget_s (8 s) whatever hangs; a GPU driver that does not answer is a nod
 Rollout: --report-only first (reports, drains nothing, exits 0), then drain; with --resume in
 HealthCheckProgram a node that preflight drained is resumed after resume_after passing runs in
 a row (never a node drained for another reason). The all-reduce and gpu_speed run only with
---bandwidth, the DDP ladder (preflight ddp) only with --ddp. Slurm gives a prolog no PATH: scontrol and sinfo are looked up in /usr/bin and
-/usr/local/bin. Install, verdicts and rollout: docs/slurm.md."""
+--bandwidth, the DDP ladder (preflight ddp) only with --ddp. Slurm gives a prolog no PATH:
+scontrol and sinfo are looked up in /usr/bin and /usr/local/bin. Install, verdicts and
+rollout: docs/slurm.md."""
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

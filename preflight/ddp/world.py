@@ -21,7 +21,7 @@ from preflight.bench.worker import wire
 from preflight.core.context import Context
 from preflight.core.result import Status, worst
 from preflight.ddp import proofs
-from preflight.ddp.ladder import FAILED_KINDS, plan
+from preflight.ddp.ladder import FAILED_KINDS, DdpUsageError, plan
 
 #: What a node answers: at most this many ranks' facts (more than any node's GPUs).
 MAX_RANKS_PER_NODE = 64
@@ -35,7 +35,11 @@ def node_step(ctx: Context, *, world: WorldSpec, backend: str, nproc: int | None
     cluster agent adds GLOO_SOCKET_IFNAME for gloo across nodes)."""
     from preflight.bench.parent import WorkerRun
 
-    local = plan(ctx, nproc=nproc, timeout_s=timeout_s)
+    try:
+        local = plan(ctx, nproc=nproc, timeout_s=timeout_s)
+    except DdpUsageError as exc:
+        return {"status": "error", "reason": "DdpUsage", "message": str(exc), "ranks": [],
+                "failure": None, "device": None, "nccl_warnings": [], "seconds": None}
     if local.options is None:
         reason, message, _ = local.undecided or ("DdpUndecided", "nothing to run", "")
         return {"status": "error", "reason": reason, "message": message, "ranks": [],
@@ -73,6 +77,30 @@ def node_step(ctx: Context, *, world: WorldSpec, backend: str, nproc: int | None
     return {"status": "pass", "reason": "DdpWorldRan", "message": "", "ranks": raw,
             "failure": None, "device": device.to_json(), "nccl_warnings": warnings,
             "seconds": seconds}
+
+
+def cluster_step(ctx: Context, *, master_addr: str, master_port: int, node_rank: int,
+                 nproc: Mapping[int, int], nodes: list[int], prefix: str, backend: str,
+                 iface: str | None = None) -> dict[str, Any]:
+    """:func:`node_step` as ``preflight cluster``'s agent runs it: this node's ranks follow
+    those of the nodes before it in ``nodes``, clients of the cluster's store at
+    ``master_addr:master_port`` under ``prefix``; gloo across nodes uses the interface of the
+    route to the master (``iface``) unless the job names one."""
+    offset = sum(nproc[n] for n in nodes if n < node_rank)
+    spec = WorldSpec(store_host=master_addr, store_port=master_port,
+                     store_prefix=f"preflight-cluster/{prefix}/", rank_offset=offset,
+                     world_size=sum(nproc[n] for n in nodes))
+    env = dict(ctx.env)
+    if backend == "gloo" and iface and "GLOO_SOCKET_IFNAME" not in env:
+        env["GLOO_SOCKET_IFNAME"] = iface
+    return node_step(ctx, world=spec, backend=backend, nproc=nproc[node_rank], env=env)
+
+
+def step_deadline_s(ctx: Context) -> float:
+    """How long node 0 waits for every node's answer: the workers' start-up and one step."""
+    from preflight.bench.options import DDP_START_S
+
+    return DDP_START_S + ctx.config.ddp_timeout_s
 
 
 def judge_world(answers: Mapping[int, Mapping[str, Any]], *, nodes: list[int]) -> dict[str, Any]:
@@ -113,5 +141,7 @@ def judge_world(answers: Mapping[int, Mapping[str, Any]], *, nodes: list[int]) -
             "message": "; ".join(f"{p.title}: no: {p.message}" for p in false) or
                        f"every rank of {len(nodes)} nodes: "
                        f"{sum(1 for p in every if p.ok)} proofs hold",
-            "proofs": [p.to_json() for p in every], "nccl_warnings": [],
-            "ranks": len(facts)}
+            # Per-rank figures (digests, losses) stay out: every node fetches this verdict.
+            "proofs": [{**p.to_json(), "figures": {k: v for k, v in p.figures.items()
+                                                   if not isinstance(v, dict)}} for p in every],
+            "nccl_warnings": [], "ranks": len(facts)}

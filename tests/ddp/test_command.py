@@ -38,7 +38,9 @@ def test_prolog_ddp_does_not_drain_for_the_jobs_own_setting(scontrol: tuple[Path
                                                             ) -> None:
     fake, calls = scontrol
     proc = run_cli(["prolog", "--ddp", "--skip", "gpu_visible,xid,versions", "--scontrol",
-                    str(fake)], env={"GLOO_SOCKET_IFNAME": "nosuch0"}, timeout=150)
+                    str(fake)], timeout=150,
+                   # The ladder needs more than a prolog's default 8 s budget: raised with it.
+                   env={"GLOO_SOCKET_IFNAME": "nosuch0", "PREFLIGHT_PROLOG_BUDGET_S": "140"})
     assert proc.returncode == 0, proc.stderr
     assert not calls.exists()  # no drain
     assert "FAIL ddp DdpCommunicationLayer (scope job)" in proc.stderr

@@ -440,14 +440,23 @@ def as_data(config: Config) -> dict[str, Any]:
     return {k: plain(v) for k, v in dataclasses.asdict(config).items()}
 
 
+def _known_hint(key: Any) -> str:
+    """The keys closest to a mistyped ``key``, and where every key is listed: the whole list
+    (some forty keys) would make the message longer than a log line should be."""
+    import difflib
+
+    close = difflib.get_close_matches(str(key)[:_MAX_SHOWN_CHARS], sorted(_FIELDS), n=3)
+    did = f"did you mean {', '.join(close)}? " if close else ""
+    return f"{did}every key: preflight docs configuration"
+
+
 def from_mapping(data: Mapping[str, Any], *, source: str, base: Config | None = None,
                  from_text: bool = False) -> Config:
     """Apply ``data`` over ``base``; unknown keys and wrong types raise ConfigError."""
     changes = {}
     for key, value in data.items():
         if key not in _FIELDS:
-            known = ", ".join(sorted(_FIELDS))
-            raise ConfigError(f"{source}: unknown key {key!r} (known keys: {known})")
+            raise ConfigError(f"{source}: unknown key {shown(key)} ({_known_hint(key)})")
         changes[key] = _coerce(key, value, source, from_text=from_text)
     return validate(dataclasses.replace(base or Config(), **changes), source=source)
 

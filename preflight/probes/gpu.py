@@ -7,13 +7,15 @@ for a whole node in tests and demos (``PREFLIGHT_NVML_FIXTURE``).
 from __future__ import annotations
 
 import json
+import os
+import stat
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from preflight.core.boundedio import read_bounded
+from preflight.core.boundedio import MAX_FILE_BYTES, read_bounded
 from preflight.core.context import activity
 
 
@@ -186,9 +188,19 @@ class FixtureFileGpuProbe:
 
     def snapshot(self) -> GpuSnapshot:
         try:
-            return GpuSnapshot.from_json(json.loads(read_bounded(self.path)))
+            return GpuSnapshot.from_json(json.loads(self._read()))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise RuntimeError(f"NVML fixture {self.path} unusable: {exc}") from exc
+
+    def _read(self) -> bytes:
+        """The snapshot's bytes: a regular file through the bounded reader; a FIFO is read as
+        NVML answers, when its writer writes, with no deadline of its own: a FIFO nobody writes
+        is how a hung ``nvmlInit`` is replayed, and :class:`DeadlineGpuProbe` bounds the wait
+        as it bounds the real driver's."""
+        if stat.S_ISFIFO(os.stat(self.path).st_mode):
+            with open(self.path, "rb") as fh:
+                return fh.read(MAX_FILE_BYTES + 1)[:MAX_FILE_BYTES]
+        return read_bounded(self.path)
 
 
 class DeadlineGpuProbe:

@@ -73,6 +73,22 @@ def help_text(doc: str | None) -> str:
     return text.replace("``", "")
 
 
+def count_arg(what: str, most: int, hint: str) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number 1..``most`` of ``what`` ("ranks"), else a one-line
+    error that ends with ``hint`` (what a sane value is)."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text, 10) if len(text) <= 20 else -1
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of {what}") from None
+        if not 1 <= n <= most:
+            raise argparse.ArgumentTypeError(f"{text!r} {what}: expected 1..{most} ({hint})")
+        return n
+
+    return parse
+
+
 def add_config_options(p: argparse.ArgumentParser) -> None:
     """Options every node-checking command shares."""
     p.add_argument("--config", metavar="FILE",

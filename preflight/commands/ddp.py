@@ -24,21 +24,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from preflight.cli import Formatter, add_config_options, build_context, emit, help_text
+from preflight.cli import Formatter, add_config_options, build_context, count_arg, emit, help_text
 from preflight.core.result import ExitCode, exit_code
 
 
 def _nproc(text: str) -> int:
-    from preflight.ddp.ladder import MAX_NPROC
+    from preflight.ddp.ladder import MAX_NPROC  # (the parser is built without the ladder)
 
-    try:
-        n = int(text, 10) if len(text) <= 20 else -1
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of ranks") from None
-    if not 1 <= n <= MAX_NPROC:
-        raise argparse.ArgumentTypeError(f"{text!r} ranks: expected 1..{MAX_NPROC} (one rank per "
-                                         "GPU; without a GPU, a few CPU ranks)")
-    return n
+    return count_arg("ranks", MAX_NPROC, "one rank per GPU; without a GPU, a few CPU ranks")(text)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -1,13 +1,17 @@
 """``check --ddp`` and ``prolog --ddp`` run the ladder as the check ``ddp``: a broken gloo (an
 interface that does not exist) is the communication layer, named with its variable, within a
-bounded time; being the job's own setting, it never drains the node."""
+bounded time, and the job's own setting (scope job: never a drain); a training environment
+whose torch does not import is the environment layer, the node's, and the prolog drains."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from tests.helpers import cli_json, run_cli
+from tests import topologies
+from tests.helpers import cli_json, run_cli, write_fixture
+from tests.slurmfakes import fake_slurm
+from tests.venvs import MakeVenv
 
 
 def test_check_ddp_names_gloo_socket_ifname_as_the_communication_layer() -> None:
@@ -34,17 +38,22 @@ def test_check_ddp_names_gloo_socket_ifname_as_the_communication_layer() -> None
     assert took < 100
 
 
-def test_prolog_ddp_does_not_drain_for_the_jobs_own_setting(scontrol: tuple[Path, Path]
-                                                            ) -> None:
-    fake, calls = scontrol
-    proc = run_cli(["prolog", "--ddp", "--skip", "gpu_visible,xid,versions", "--scontrol",
-                    str(fake)], timeout=150,
-                   # The ladder needs more than a prolog's default 8 s budget: raised with it.
-                   env={"GLOO_SOCKET_IFNAME": "nosuch0", "PREFLIGHT_PROLOG_BUDGET_S": "140"})
-    assert proc.returncode == 0, proc.stderr
-    assert not calls.exists()  # no drain
-    assert "FAIL ddp DdpCommunicationLayer (scope job)" in proc.stderr
-    assert "GLOO_SOCKET_IFNAME=nosuch0" in proc.stderr
+def test_prolog_ddp_drains_a_node_whose_training_environment_cannot_import_torch(
+        tmp_path: Path, make_venv: MakeVenv) -> None:
+    # Real workers (8: one per GPU of the fixture node) under a venv whose torch raises at
+    # import: the environment layer, the node's fault, drained with the check as the reason.
+    python = make_venv(torch=("2.9.0", None))
+    slurm = fake_slurm(tmp_path / "slurm", {f"gpu{i:03d}": ("IDLE", "") for i in range(10, 20)})
+    fixture = write_fixture(tmp_path / "nvml.json", topologies.healthy_8x_h100())
+    proc = run_cli(["prolog", *slurm.args(), "--ddp", "--python", str(python), "--skip",
+                    "network,master_port,versions"], fixture=fixture, timeout=120,
+                   env={"SLURMD_NODENAME": "gpu017", "PREFLIGHT_PROLOG_BUDGET_S": "60",
+                        "PREFLIGHT_STATE_DIR": str(tmp_path / "state")})
+    assert proc.returncode == 1, proc.stderr
+    assert "FAIL ddp DdpEnvironmentLayer (scope node)" in proc.stderr
+    assert "ImportError" in proc.stderr
+    assert slurm.updates() == [["update", "nodename=gpu017", "state=drain",
+                                "reason=preflight: ddp DdpEnvironmentLayer"]]
 
 
 def test_only_ddp_without_the_flag_says_what_is_known() -> None:

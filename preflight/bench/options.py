@@ -164,14 +164,14 @@ class DdpOptions:
     """The DDP ladder (``preflight ddp``): ``nproc`` workers, one per local rank, each running
     ``steps`` in order on the parent's go (:mod:`preflight.bench.worker.ddp`).
 
-    The workers get the job's environment (``env``) as torchrun would give it to a training
-    script: ``LOCAL_RANK``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` set per rank, nothing
-    else changed (no ``CUDA_DEVICE_ORDER``: the device mapping is the job's), plus
-    ``NCCL_DEBUG=WARN`` where NCCL_DEBUG is unset, so that NCCL's warnings reach the worker's
-    log. Deadlines from ``timeout_s`` (each step): the process group and DDP's first broadcast
-    half of it, at most 60 s; every other phase (set-up, each forward / backward / optimizer
-    step of an iteration, the check, the teardown) a quarter, between 2 and 30 s; the step as a
-    whole ``timeout_s``; the start-up :data:`DDP_START_S`."""
+    The workers get the job's environment (``env``) as torchrun would give it to a training script:
+    ``LOCAL_RANK``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` set per rank, nothing else
+    changed (no ``CUDA_DEVICE_ORDER``: the device mapping is the job's), plus ``NCCL_DEBUG=WARN``
+    (``INFO`` with ``debug``) where NCCL_DEBUG is unset, so that NCCL's warnings reach the worker's
+    log. Deadlines from ``timeout_s`` (each step): the process group and DDP's first broadcast half
+    of it, at most 60 s; every other phase (set-up, each forward / backward / optimizer step of an
+    iteration, the check, the teardown) a quarter, between 2 and 30 s; the step as a whole
+    ``timeout_s``; the start-up :data:`DDP_START_S`."""
 
     steps: tuple[DdpStep, ...]
     nproc: int
@@ -207,7 +207,9 @@ class DdpOptions:
         offset = self.world.rank_offset if self.world else 0
         env.update(LOCAL_RANK=str(rank), RANK=str(offset + rank), WORLD_SIZE=str(self.world_size),
                    LOCAL_WORLD_SIZE=str(self.nproc), PYTHONUNBUFFERED="1")
-        env.setdefault("NCCL_DEBUG", "WARN")
+        env.setdefault("NCCL_DEBUG", "INFO" if self.debug else "WARN")
+        if self.debug:
+            env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,ENV,NET,GRAPH")
         return env
 
     def step(self) -> dict[str, Any]:

@@ -1,14 +1,14 @@
 """``preflight ddp``: the field guide's minimal DDP run, one variable at a time, on this node.
 
-One worker per local rank (one per GPU the job's CUDA_VISIBLE_DEVICES leaves visible; 2 CPU
-ranks without a GPU) runs the field guide's minimal DDP training (a linear layer, random data, a
-DistributedSampler with set_epoch) under the training environment's torch (--python), in three
-steps that each change one variable: (1) each rank alone on its GPU, no process group (CUDA, the
-driver, the torch build, the device mapping); (2) every local rank with DDP over gloo; (3) the
+One worker per local rank (one per GPU the job's CUDA_VISIBLE_DEVICES leaves visible; 2 CPU ranks
+without a GPU) runs the field guide's minimal DDP training (a linear layer, a small synthetic data
+set, a DistributedSampler with set_epoch) under the training environment's torch (--python), in
+three steps that each change one variable: (1) each rank alone on its GPU, no process group (CUDA,
+the driver, the torch build, the device mapping); (2) every local rank with DDP over gloo; (3) the
 same over NCCL. It stops at the first step that fails and names the layer: environment,
 communication (rendezvous, ports, GLOO_SOCKET_IFNAME) or nccl (with NCCL's WARN lines and the
-network, shm and nccl_env checks); when every step passes, the node and the launcher are fine:
-look at the model and data.
+network, shm and nccl_env checks); when every step passes, the node and the launcher are fine: look
+at the model and data.
 
 Each step proves what it claims: the parameters bitwise equal on every rank after training (and
 right after DDP's broadcast, though every rank starts from its own), the loss down, the
@@ -54,8 +54,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "(default: config key python, else the one running preflight)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--debug", action="store_true",
-                   help="keep each rank's output (NCCL's warnings, tracebacks) in a directory "
-                        "whose path is printed")
+                   help="run NCCL with NCCL_DEBUG=INFO (unless the job sets NCCL_DEBUG) and "
+                        "keep each rank's output in a directory whose path is printed")
     add_config_options(p)
     p.set_defaults(func=run)
 

@@ -190,12 +190,13 @@ def leftovers_text(left: Mapping[str, Any]) -> str:
 
 def render_table(result: LadderResult) -> str:
     """The steps, each step's proofs, the verdict and where the seconds went."""
-    lines = [f"preflight ddp: {len(result.ranks)} local rank(s): "
-             + ", ".join(f"rank {r.get('rank')} {r.get('label')}" for r in result.ranks)]
-    lines.append(f"  {'step':<46} {'status':<6} {'seconds':>7}  message")
+    ranks = ", ".join(f"rank {r.get('rank')} {r.get('label')}" for r in result.ranks)
+    lines = [f"preflight ddp: {len(result.ranks)} local rank(s): {ranks}" if ranks
+             else "preflight ddp: no worker started"]
+    lines.append(f"  {'step':<55} {'status':<6} {'seconds':>7}  message")
     for s in result.steps:
         head = f"{STEP_NUMBERS.get(s.name, '-')} {s.name}: {s.title}"
-        lines.append(f"  {head:<46} {s.status.name:<6} {_seconds(s.seconds):>7}  "
+        lines.append(f"  {head:<55} {s.status.name:<6} {_seconds(s.seconds):>7}  "
                      f"{escape(s.message, 600)}")
         for p in s.proofs:
             mark = "n/a" if p.ok is None else "PASS" if p.ok else "FAIL"

@@ -214,8 +214,8 @@ class Ladder:
         w_true = torch.randn(FEATURES, 1, generator=g)
         y = x @ w_true + 0.1 * torch.randn(n, 1, generator=g)
         dataset = TensorDataset(torch.arange(n), x, y)
-        sampler: Any = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
-                                     drop_last=True, seed=SAMPLER_SEED)
+        sampler: Any = DistributedSampler(dataset, num_replicas=world, rank=rank,
+                                          shuffle=True, drop_last=True, seed=SAMPLER_SEED)
         loader = DataLoader(dataset, batch_size=BATCH, sampler=sampler)
         torch.manual_seed(MODEL_SEED + self.rank)
         model = torch.nn.Linear(FEATURES, 1).to(device)
@@ -288,8 +288,8 @@ class Ladder:
         with torch.no_grad():
             facts["loss_after"] = float(loss_fn(module(xa), ya).item())
         facts["digest_final"] = _digest(torch, params)
-        control: Any = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
-                                     drop_last=True, seed=SAMPLER_SEED)
+        control: Any = DistributedSampler(dataset, num_replicas=world, rank=rank,
+                                          shuffle=True, drop_last=True, seed=SAMPLER_SEED)
         facts.update(indices=orders, iterations=iteration, params_with_grad_min=used_min,
                      set_epoch=not self.hooks.no_set_epoch,
                      repeats_without_set_epoch=list(control) == list(control))

@@ -9,6 +9,7 @@ from preflight.checks import CHECKS, GPU_LOAD_CHECKS
 from preflight.checks.site import site_checks
 from preflight.checks.versions import check_targets
 from preflight.cli import Formatter, add_config_options, build_context, emit_report, report_exit
+from preflight.core.check import Check
 from preflight.core.result import ExitCode, Report, Status
 from preflight.core.runner import SelectionError, run_checks, select
 from preflight.core.textsafe import escape
@@ -42,7 +43,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="run the node-local checks once (Slurm prolog, init container, a person)",
         description="Run the node-local checks once and print a verdict per check.\n\n"
                     f"checks:\n{checks}\n\nand the site checks the config's site_checks "
-                    "adds (preflight docs site-checks).",
+                    "adds (preflight docs site-checks); --ddp adds ddp, the field guide's "
+                    "minimal DDP run (preflight docs ddp).",
         epilog="exit codes: 0 ok or warnings, 1 a check failed, 2 usage/config error, "
                "3 a check errored or timed out")
     form = p.add_mutually_exclusive_group()
@@ -63,6 +65,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "LOCAL_WORLD_SIZE, else at least one); 0 = CPU-only node, GPU checks skip")
     p.add_argument("--no-bandwidth", action="store_true",
                    help="skip the tests that load the GPUs (allreduce, gpu_speed)")
+    p.add_argument("--ddp", action="store_true",
+                   help="also run the check ddp: the field guide's minimal DDP run, one variable "
+                        "at a time, as preflight ddp runs it (seconds: torch's import)")
     p.add_argument("--golden", metavar="FILE",
                    help="fingerprint JSON (preflight fingerprint --json) this node must match")
     p.add_argument("--python", metavar="PATH",
@@ -87,6 +92,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=run)
 
 
+def _ddp(wanted: bool) -> tuple[Check, ...]:
+    if not wanted:
+        return ()
+    from preflight.ddp.check import CHECK
+
+    return (CHECK,)
+
+
 def run(args: argparse.Namespace) -> int:
     ctx = build_context(args, {
         "expect_gpus": args.expect_gpus, "golden": args.golden, "python": args.python,
@@ -96,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     names = {c.name for c in CHECKS}
     skip = [*args.skip, *([n for n in GPU_LOAD_CHECKS if n in names]
                           if args.no_bandwidth else [])]
-    every = (*CHECKS, *site_checks(ctx.config, names))
+    every = (*CHECKS, *site_checks(ctx.config, names), *_ddp(args.ddp))
     try:
         checks = select(every, only=args.only, skip=skip)
     except SelectionError as exc:

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 
 from preflight.core.boundedio import BoundedReadError, read_small, read_small_text
 from preflight.probes.nvml import scan_pci_gpus
-from tests.helpers import REPO
+from tests.helpers import PEAK_RSS_LAUNCHER, REPO
 
 #: The CLI's resident memory must stay far below the 3 GB file (it measured ~30 MB).
 MAX_RSS_BYTES = 400 << 20
@@ -41,24 +40,14 @@ def hostile_root(root: Path) -> Path:
 
 def _run_measured(args: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProcess[str],
                                                            int]:
-    """Run the CLI; return its result and its peak resident memory in bytes (wait4's rusage)."""
+    """Run the CLI; return its result and its peak resident memory in bytes."""
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_")},
            "PYTHONPATH": str(REPO)}
-    out, err = tmp_path / "stdout", tmp_path / "stderr"
-    with out.open("wb") as o, err.open("wb") as e:
-        pid = subprocess.Popen([sys.executable, "-m", "preflight", *args], env=env,
-                               stdout=o, stderr=e).pid
-    deadline = time.monotonic() + 60
-    while True:
-        done, status, usage = os.wait4(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            raise AssertionError("preflight check did not finish within 60 s")
-        time.sleep(0.05)
-    return (subprocess.CompletedProcess(args, os.waitstatus_to_exitcode(status), out.read_text(),
-                                        err.read_text()), usage.ru_maxrss * 1024)
+    rss_file = tmp_path / "peak-rss"
+    proc = subprocess.run([sys.executable, "-c", PEAK_RSS_LAUNCHER, str(rss_file), sys.executable,
+                           "-m", "preflight", *args], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+    return proc, int(rss_file.read_text())
 
 
 def test_a_hostile_sysfs_tree_is_refused_unread(tmp_path: Path) -> None:

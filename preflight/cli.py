@@ -37,6 +37,7 @@ log = logging.getLogger("preflight")
 SUBCOMMAND_MODULES = (
     "preflight.commands.check",
     "preflight.commands.bench",
+    "preflight.commands.ddp",
     "preflight.commands.fingerprint",
     "preflight.commands.serve",
     "preflight.commands.explain",
@@ -95,6 +96,22 @@ def help_text(doc: str | None) -> str:
     a terminal shows the words, not the markup."""
     text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc or "")
     return text.replace("``", "")
+
+
+def count_arg(what: str, most: int, hint: str) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number 1..``most`` of ``what`` ("ranks"), else a one-line
+    error that ends with ``hint`` (what a sane value is)."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text, 10) if len(text) <= 20 else -1
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of {what}") from None
+        if not 1 <= n <= most:
+            raise argparse.ArgumentTypeError(f"{text!r} {what}: expected 1..{most} ({hint})")
+        return n
+
+    return parse
 
 
 def add_config_options(p: argparse.ArgumentParser) -> None:
@@ -248,8 +265,8 @@ def _prolog_usage_fail_open(argv: Sequence[str], exc: SystemExit) -> int:
     ``--fail-closed`` is among the arguments. Other commands keep argparse's exit (2; 0 for
     --help)."""
     code = exc.code if isinstance(exc.code, int) else 2
-    commands = {"check", "bench", "fingerprint", "diff", "serve", "explain", "prolog", "epilog",
-                "xid", "cluster", "lint", "docs"}
+    commands = {"check", "bench", "ddp", "fingerprint", "diff", "serve", "explain", "prolog",
+                "epilog", "xid", "cluster", "lint", "docs"}
     command = next((a for a in argv if a in commands), None)
     if code == 0 or command not in ("prolog", "epilog"):
         raise exc

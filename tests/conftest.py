@@ -43,7 +43,9 @@ def make_ctx(tmp_path: Path) -> MakeCtx:
 SLOW_SUITES = ("tests/bench/", "tests/net/", "tests/slurm/", "tests/image/", "tests/fuzz/",
                "tests/hardening/", "tests/k8s/", "tests/cluster/test_netns.py",
                "tests/cluster/test_bad_input.py", "tests/serve/test_serve_process.py",
-               "tests/gpuspeed/test_workers.py", "tests/explain/test_real_torch.py")
+               "tests/gpuspeed/test_workers.py", "tests/explain/test_real_torch.py",
+               "tests/ddp/test_runs.py", "tests/ddp/test_command.py",
+               "tests/ddp/test_world.py")
 _REPO = Path(__file__).resolve().parent.parent
 
 

@@ -11,8 +11,9 @@ heartbeat, exit status, the kernel's state letter) and asks, in this order:
   :data:`FROZEN_SILENT_S` while another still beats. A slow but live worker keeps beating and is
   left to its deadline.
 - :func:`late`: a phase past its deadline, or a step past its total. The workers behind the
-  others are named; in the all-reduce, when every rank is in the same step, those without a
-  heartbeat (frozen) are named, else the collective itself hangs. Still starting (the
+  others are named; in the all-reduce and the DDP ladder's steps with a process group, when
+  every rank is in the same phase, those without a heartbeat (frozen) are named, else the
+  collective itself hangs. Still starting (the
   interpreter, the imports) is its own kind: nothing ran on the GPUs, so it is no hang.
 """
 
@@ -30,13 +31,16 @@ HEARTBEAT_SILENT_S = 2.0
 STOPPED_CONFIRM_S = 2.0
 #: While measuring, a worker silent this long while another beats is frozen (no deadline waited).
 FROZEN_SILENT_S = 3.0
+#: While importing, a worker heard from and then silent this long is frozen; shorter silences
+#: are an import holding the GIL (loading libtorch from a slow disk takes seconds in one call).
+START_SILENT_S = 10.0
 #: Phases in which the heartbeat thread always gets the GIL (no import, no long driver call).
 MEASURING = ("warmup", "measure", "verify", *wire.SPEED_KINDS)
 
 
 def who(st: WorkerState) -> str:
     """"rank 1 (GPU 1, 0000:00:07.0)" in the all-reduce, "the worker for GPU 1, ..." else."""
-    if st.reduces and (st.step == wire.ALLREDUCE or not st.measures):
+    if st.reduces and (st.step in wire.COLLECTIVE_STEPS or not st.measures):
         return f"rank {st.rank} ({st.label})"
     return f"the worker for {st.label}"
 
@@ -150,8 +154,8 @@ def late(workers: Sequence[WorkerState], limits: Limits, now: float,
                        f"progressing){others(workers, behind)}", tuple(st.rank for st in behind))
     deadline = limits.for_phase(st0.step, st0.phase) or 0.0
     silent = [st for st in behind if now - st.last_beat > HEARTBEAT_SILENT_S]
-    if st0.step == wire.START and st0.phase in ("spawn", "imports") and (
-            not silent or not any(st.heard for st in behind)):
+    if st0.step == wire.START and st0.phase in ("spawn", "imports") and not any(
+            st.heard and now - st.last_beat > START_SILENT_S for st in behind):
         # Still starting: the interpreter has not reported yet or is importing its packages.
         # Nothing ran on the GPUs, so this is no hang and no reason to look for Xid errors.
         quiet = [st for st in behind if not st.heard]
@@ -160,9 +164,10 @@ def late(workers: Sequence[WorkerState], limits: Limits, now: float,
         return Failure("slow_start", f"{names(behind)} still starting after "
                        f"{now - st0.entered:.0f} s ({what}; start-up deadline {deadline:g} s)"
                        f"{others(workers, behind)}", tuple(st.rank for st in behind))
-    if st0.step != wire.ALLREDUCE:
-        # The speed step and the CUDA context: each worker on its own, no peer to wait for.
-        mine = [st for st in overdue if st.step != wire.ALLREDUCE] or behind
+    if st0.step not in wire.COLLECTIVE_STEPS:
+        # The speed step, the CUDA context, the DDP ladder's single step: each worker on its
+        # own, no peer to wait for.
+        mine = [st for st in overdue if st.step not in wire.COLLECTIVE_STEPS] or behind
         st1 = mine[0]
         beat = _beat(st1, now) or (" (heartbeats still arrive: the GPU or driver does not "
                                    "finish the work)")
@@ -182,7 +187,8 @@ def late(workers: Sequence[WorkerState], limits: Limits, now: float,
                        f"{now - max(st.last_beat for st in silent):.0f} s: the process is "
                        f"frozen); {whom} waited {waited:.0f} s {at}",
                        tuple(st.rank for st in silent))
-    return Failure("hung", f"all {len(workers)} ranks are alive but the all-reduce in "
+    what = "the all-reduce" if st0.step == wire.ALLREDUCE else "the DDP step"
+    return Failure("hung", f"all {len(workers)} ranks are alive but {what} in "
                    f"{st0.where()} did not complete within {waited:.0f} s: the collective "
                    "itself hangs", tuple(st.rank for st in behind))
 
@@ -200,4 +206,10 @@ def _over_total(active: Sequence[WorkerState], limits: Limits, now: float,
             and now - ar_at > limits.allreduce_total_s):
         return (f"the all-reduce did not finish within {limits.allreduce_total_s:g} s "
                 "(bench_timeout_s)")
+    if limits.ddp_total_s is not None:
+        for step in {st.step for st in active if st.step in wire.DDP_STEPS}:
+            at = started.get(step)
+            if at is not None and now - at > limits.ddp_total_s:
+                return (f"the DDP step {step} did not finish within {limits.ddp_total_s:g} s "
+                        "(preflight ddp --timeout)")
     return None

@@ -142,6 +142,85 @@ class SpeedOptions:
 
 
 @dataclass(frozen=True)
+class DdpStep:
+    """One step of the DDP ladder: ``name`` (:data:`wire.DDP_STEPS`), ``backend`` (gloo, nccl;
+    None: no process group, each rank alone) and whether the model is on the rank's GPU."""
+
+    name: str
+    backend: str | None
+    gpu: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "backend": self.backend, "gpu": self.gpu}
+
+
+#: The DDP workers' start-up deadline (the interpreter, torch's import, the CUDA context): torch's
+#: import alone takes 2-6 s, more from a cold network filesystem.
+DDP_START_S = 60.0
+
+
+@dataclass(frozen=True)
+class DdpOptions:
+    """The DDP ladder (``preflight ddp``): ``nproc`` workers, one per local rank, each running
+    ``steps`` in order on the parent's go (:mod:`preflight.bench.worker.ddp`).
+
+    The workers get the job's environment (``env``) as torchrun would give it to a training script:
+    ``LOCAL_RANK``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` set per rank, nothing else
+    changed (no ``CUDA_DEVICE_ORDER``: the device mapping is the job's), plus ``NCCL_DEBUG=WARN``
+    (``INFO`` with ``debug``) where NCCL_DEBUG is unset, so that NCCL's warnings reach the worker's
+    log. Deadlines from ``timeout_s`` (each step): the process group and DDP's first broadcast half
+    of it, at most 60 s; every other phase (set-up, each forward / backward / optimizer step of an
+    iteration, the check, the teardown) a quarter, between 2 and 30 s; the step as a whole
+    ``timeout_s``; the start-up :data:`DDP_START_S`."""
+
+    steps: tuple[DdpStep, ...]
+    nproc: int
+    timeout_s: float
+    labels: tuple[str, ...] = ()
+    env: Mapping[str, str] | None = None
+    python: str = sys.executable
+    debug: bool = False
+    world: WorldSpec | None = None
+
+    @property
+    def init_s(self) -> float:
+        return min(60.0, self.timeout_s / 2)
+
+    @property
+    def phase_s(self) -> float:
+        return min(30.0, max(2.0, self.timeout_s / 4))
+
+    @property
+    def world_size(self) -> int:
+        return self.world.world_size if self.world else self.nproc
+
+    def label(self, rank: int) -> str:
+        if rank < len(self.labels):
+            return self.labels[rank]
+        return f"cuda:{rank}" if any(s.gpu for s in self.steps) else "CPU"
+
+    def env_for(self, rank: int) -> dict[str, str]:
+        """Local rank ``rank``'s environment."""
+        import os
+
+        env = dict(os.environ if self.env is None else self.env)
+        offset = self.world.rank_offset if self.world else 0
+        env.update(LOCAL_RANK=str(rank), RANK=str(offset + rank), WORLD_SIZE=str(self.world_size),
+                   LOCAL_WORLD_SIZE=str(self.nproc), PYTHONUNBUFFERED="1")
+        env.setdefault("NCCL_DEBUG", "INFO" if self.debug else "WARN")
+        if self.debug:
+            env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,ENV,NET,GRAPH")
+        return env
+
+    def step(self) -> dict[str, Any]:
+        w = self.world
+        return {"steps": [s.to_json() for s in self.steps],
+                "store": f"{w.store_host}:{w.store_port}" if w else None,
+                "store_prefix": w.store_prefix if w else "",
+                "timeout_s": self.timeout_s, "init_s": self.init_s, "phase_s": self.phase_s}
+
+
+@dataclass(frozen=True)
 class Limits:
     """Every deadline of one run, seconds (None: that step is not in the run)."""
 
@@ -152,16 +231,22 @@ class Limits:
     init_s: float | None = None
     step_s: float | None = None
     allreduce_total_s: float | None = None
+    #: the DDP ladder: its process group and first broadcast, every other phase, each step
+    ddp_init_s: float | None = None
+    ddp_phase_s: float | None = None
+    ddp_total_s: float | None = None
 
     def for_phase(self, step: str, phase: str) -> float | None:
         """The deadline of one phase; None where none applies (``ready``: waiting for the
-        others' setup, which has its own; ``done``)."""
+        others' setup, which has its own, or for the parent's go; ``done``)."""
         if step == wire.START:
             return self.start_s
         if step == wire.SPEED:
             return {"setup": self.speed_setup_s, "ready": None}.get(phase, self.speed_measure_s)
         if step == wire.ALLREDUCE:
             return self.init_s if phase == "init" else self.step_s
+        if step in wire.DDP_STEPS and phase != "ready":
+            return self.ddp_init_s if phase in ("init", "wrap") else self.ddp_phase_s
         return None
 
 
@@ -172,6 +257,8 @@ class RunOptions:
 
     speed: SpeedOptions | None = None
     allreduce: BenchOptions | None = None
+    #: the DDP ladder, which runs alone (never with the other two)
+    ddp: DdpOptions | None = None
 
     @classmethod
     def combine(cls, speed: SpeedOptions, allreduce: BenchOptions) -> RunOptions | None:
@@ -187,23 +274,29 @@ class RunOptions:
 
     @property
     def python(self) -> str:
-        step = self.allreduce or self.speed
+        step = self.allreduce or self.speed or self.ddp
         return step.python if step is not None else sys.executable
 
     @property
     def env(self) -> Mapping[str, str] | None:
-        return self.allreduce.env if self.allreduce else self.speed.env if self.speed else None
+        step = self.allreduce or self.speed or self.ddp
+        return step.env if step is not None else None
 
     @property
     def debug(self) -> bool:
-        return bool((self.allreduce and self.allreduce.debug) or (self.speed and self.speed.debug))
+        return bool((self.allreduce and self.allreduce.debug) or (self.speed and self.speed.debug)
+                    or (self.ddp and self.ddp.debug))
 
     @property
     def count(self) -> int:
+        if self.ddp is not None:
+            return self.ddp.nproc
         return self.allreduce.nproc if self.allreduce else len(self.speed.bus_ids) \
             if self.speed else 0
 
     def label(self, i: int) -> str:
+        if self.ddp is not None:
+            return self.ddp.label(i)
         if self.allreduce is not None:
             return self.allreduce.label(i)
         assert self.speed is not None
@@ -214,6 +307,9 @@ class RunOptions:
 
     def plan(self, i: int) -> dict[str, Any]:
         """Worker ``i``'s plan (the JSON :mod:`preflight.bench.worker.main` reads)."""
+        if self.ddp is not None:
+            return {"label": self.label(i), "device": None, "bus_id": None,
+                    "ddp": self.ddp.step()}
         ar, sp = self.allreduce, self.speed
         device: int | None = None if ar is not None and ar.backend == "gloo" else i
         bus_id = None
@@ -226,6 +322,9 @@ class RunOptions:
                 "allreduce": ar.step(i) if ar is not None else None}
 
     def limits(self) -> Limits:
+        if self.ddp is not None:
+            return Limits(start_s=DDP_START_S, ddp_init_s=self.ddp.init_s,
+                          ddp_phase_s=self.ddp.phase_s, ddp_total_s=self.ddp.timeout_s)
         sp, ar = self.speed, self.allreduce
         d = Deadlines.from_timeout(ar.timeout_s) if ar else None
         speed_start = min(20.0, sp.timeout_s / 2) if sp else 0.0
@@ -245,8 +344,14 @@ PHASE_TIMES = ("interpreter", "imports", "waiting", "cuda_context", "speed", "nc
 #: Phase durations of the speed record (``bench --gpu --json`` ``gpus[].phase_s``).
 SPEED_TIMES = ("interpreter", "imports", "waiting", "cuda_context", "setup", *wire.SPEED_KINDS,
                "close")
+#: Phase durations of one DDP step (``preflight ddp --json`` ``steps[].phase_s``).
+DDP_TIMES = ("setup", "init", "wrap", "train", "check", "teardown")
 PHASE_WORDS = {"spawn": "spawn", "imports": "import", "context": "CUDA context creation",
                "warmup": "warm-up"}
+#: Where a DDP worker is, in words: "backward of iteration 3 (step gloo)".
+_DDP_WHERE = {"ready": "waiting for the go", "init": "init_process_group",
+              "wrap": "DDP(...) (its broadcast)", "optimizer": "optimizer.step()",
+              "teardown": "the barrier and teardown"}
 _DONE_ORDER = 1 << 30
 
 
@@ -301,6 +406,11 @@ class WorkerState:
     dtype: str | None = None
     figures: dict[str, float] = field(default_factory=dict)
     speed_times: dict[str, float] = field(default_factory=dict)
+    # the DDP ladder: per step, what the rank showed (``ddp_facts``) and its phase seconds
+    ddp: dict[str, dict[str, Any]] = field(default_factory=dict)
+    ddp_times: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: NCCL's WARN lines in this worker's log, kept at the end of the run (the log may go)
+    nccl_warnings: tuple[str, ...] = ()
 
     @property
     def done(self) -> bool:
@@ -312,6 +422,10 @@ class WorkerState:
         return str(lib["path"]) if isinstance(lib, dict) and lib.get("path") else None
 
     def where(self) -> str:
+        if self.step in wire.DDP_STEPS and self.phase in wire.DDP_PHASES:
+            word = _DDP_WHERE.get(self.phase, PHASE_WORDS.get(self.phase, self.phase))
+            at = f" of iteration {self.size}" if self.size is not None else ""
+            return f"{word}{at} (step {self.step})"
         word = PHASE_WORDS.get(self.phase, self.phase)
         return f"{word} of {fmt_bytes(self.size)}" if self.size is not None else word
 
@@ -324,6 +438,14 @@ def progress_order(step: str, phase: str, size: int | None, sizes: tuple[int, ..
         return wire.START_PHASES.index(phase) if phase in wire.START_PHASES else 0
     if step == wire.SPEED:
         return 10 + (wire.SPEED_PHASES.index(phase) if phase in wire.SPEED_PHASES else 9)
+    if step in wire.DDP_STEPS:
+        # Steps in ladder order; in a step, its phases, each iteration's three in turn.
+        base = 1000 * (1 + wire.DDP_STEPS.index(step))
+        phases = wire.DDP_PHASES
+        if phase in wire.DDP_ITERATION_PHASES:
+            return base + 10 + 3 * (size or 0) + wire.DDP_ITERATION_PHASES.index(phase)
+        at = phases.index(phase) if phase in phases else 0
+        return base + at if at < phases.index("forward") else base + 900 + at
     if phase == "init":
         return 100
     index = sizes.index(size) if size in sizes else 0

@@ -70,13 +70,16 @@ class WorkerRun:
         self.keep = opts.debug
         self.log_dir = tempfile.mkdtemp(prefix="preflight-gpu-")
         self.workers = tuple(WorkerState(rank=i, label=opts.label(i), measures=opts.measures(i),
-                                         reduces=opts.allreduce is not None,
+                                         reduces=opts.allreduce is not None
+                                         or opts.ddp is not None,
                                          bus_id=opts.plan(i)["bus_id"],
                                          entered=self.started, last_beat=self.started)
                              for i in range(opts.count))
         ar = opts.allreduce
         self.sizes = ar.sizes if ar else ()
-        self.step_started = {wire.SPEED if opts.speed else wire.ALLREDUCE: self.started}
+        # (The DDP ladder's steps start on their go: :meth:`ddp_step`.)
+        self.step_started = {} if opts.ddp else {
+            wire.SPEED if opts.speed else wire.ALLREDUCE: self.started}
         self.failure: Failure | None = None
         self.store_port: int | None = None
         self.speed_done: float | None = None
@@ -84,7 +87,9 @@ class WorkerRun:
         self.go_sent = False
         self.failing_since: float | None = None
         self.fetch: UidFetch | None = None
-        self.shm_before = leftovers.snapshot() if ar and ar.backend == "nccl" else None
+        nccl = (ar is not None and ar.backend == "nccl") or (
+            opts.ddp is not None and any(st.backend == "nccl" for st in opts.ddp.steps))
+        self.shm_before = leftovers.snapshot() if nccl else None
         self.shm_removed: tuple[str, ...] = ()
         self.sel = selectors.DefaultSelector()
         self.logs: list[Any] = []
@@ -115,6 +120,22 @@ class WorkerRun:
         """Run to the end."""
         self._drive(lambda: False)
         return self.allreduce_record()
+
+    def ddp_step(self, step: str) -> Failure | None:
+        """One step of the DDP ladder: its go to every worker, then until every rank reported
+        it (None) or the run failed (the failure; the run is over then)."""
+        if self.closed:
+            return self.failure or Failure("spawn", "the workers are gone", ())
+        procs.write(self.workers, wire.control_line(**{wire.go_key(step): True}))
+        self._drive(lambda: all(step in st.steps_done for st in self.workers))
+        return self.failure
+
+    def finish(self) -> None:
+        """End the run: the workers waiting for another step's go get end of file (stop) and
+        exit; every one is reaped (killed past the deadline)."""
+        procs.release(self.workers)
+        self._drive(lambda: False)
+        self._close(interrupted=False)
 
     @property
     def failed_before_allreduce(self) -> bool:
@@ -172,6 +193,11 @@ class WorkerRun:
     def _on_phase(self, st: WorkerState) -> None:
         if st.step == wire.ALLREDUCE and wire.ALLREDUCE not in self.step_started:
             self.step_started[wire.ALLREDUCE] = time.monotonic()
+        elif (st.step in wire.DDP_STEPS and st.phase != "ready"
+              and st.step not in self.step_started):
+            # A DDP step's total counts from its first rank's start (after its go and, for the
+            # first step, after the start-up, which has a deadline of its own).
+            self.step_started[st.step] = time.monotonic()
         if self.on_progress is not None and st.rank == 0:
             self.on_progress(st.where())
 
@@ -286,8 +312,8 @@ class WorkerRun:
         return count
 
     def _spawn(self, adopted: int = 0) -> None:
-        opts, ar = self.opts, self.opts.allreduce
-        env = procs.worker_env(opts.env, ar)
+        opts, ar, ddp = self.opts, self.opts.allreduce, self.opts.ddp
+        env = procs.worker_env(opts.env, ar) if ddp is None else {}
         if ar and ar.world is not None and ar.engine == "nccl4py" and ar.world.relay is None:
             self.failure = Failure("spawn", "the nccl4py engine across nodes needs the cluster "
                                    "store to carry its unique id; run --engine torch",
@@ -297,7 +323,8 @@ class WorkerRun:
             read_fd, write_fd = os.pipe()
             argv = procs.argv_for(opts.python, json.dumps(opts.plan(st.rank)), write_fd)
             st.spawned_wall = time.time()
-            exc = procs.launch(st, argv, pipe=(read_fd, write_fd), env=env,
+            exc = procs.launch(st, argv, pipe=(read_fd, write_fd),
+                               env=env if ddp is None else ddp.env_for(st.rank),
                                log_dir=self.log_dir, sel=self.sel, logs=self.logs)
             if exc is not None:
                 why = exc.strerror or str(exc)
@@ -324,6 +351,7 @@ class WorkerRun:
             # Every worker is reaped: what NCCL left in /dev/shm has no owner any more.
             self.shm_removed = leftovers.remove_orphans(self.shm_before)
         procs.collect_tracebacks(self.workers, self.log_dir)
+        procs.collect_nccl_warnings(self.workers, self.log_dir)
         if interrupted or not self.keep:
             shutil.rmtree(self.log_dir, ignore_errors=True)
         aborting.unregister(self.undo)

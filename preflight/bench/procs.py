@@ -197,6 +197,30 @@ def collect_tracebacks(workers: Sequence[WorkerState], log_dir: str) -> None:
                 st.traceback = path.read_text(errors="replace")[-2000:]
 
 
+#: NCCL's WARN lines kept per worker, and the characters of each.
+MAX_NCCL_WARNINGS, MAX_WARNING_CHARS = 20, 400
+
+
+def collect_nccl_warnings(workers: Sequence[WorkerState], log_dir: str) -> None:
+    """Keep the ``NCCL WARN`` lines of each worker's log (the first ones: the cause comes
+    before its echoes), for the verdict (the directory may go)."""
+    for st in workers:
+        path = Path(log_dir) / f"rank{st.rank}.log"
+        try:
+            with open(path, "rb") as f:
+                text = f.read(4 << 20).decode("utf-8", "replace")
+        except OSError:
+            continue
+        found = []
+        for line in text.splitlines():
+            at = line.find("NCCL WARN ")
+            if at >= 0:
+                found.append(line[at + len("NCCL WARN "):].strip()[:MAX_WARNING_CHARS])
+                if len(found) >= MAX_NCCL_WARNINGS:
+                    break
+        st.nccl_warnings = tuple(found)
+
+
 def proc_state(pid: int) -> str | None:
     """The kernel's one-letter state of ``pid`` (R, S, D, T, t, Z, ...), None if it is gone."""
     try:

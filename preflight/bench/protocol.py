@@ -7,14 +7,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from preflight.bench.options import PHASE_TIMES, SPEED_TIMES, WorkerState, progress_order
+from preflight.bench.options import (
+    DDP_TIMES,
+    PHASE_TIMES,
+    SPEED_TIMES,
+    WorkerState,
+    progress_order,
+)
 from preflight.bench.worker import wire
 from preflight.probes.pyenv import nccl_version_text
 
 #: Bytes a partial line may grow to before it is dropped (a worker writes lines of ~1 KiB).
 MAX_LINE = 1 << 20
 _PHASES = {wire.START: wire.START_PHASES, wire.SPEED: wire.SPEED_PHASES,
-           wire.ALLREDUCE: wire.ALLREDUCE_PHASES}
+           wire.ALLREDUCE: wire.ALLREDUCE_PHASES,
+           **{step: wire.DDP_PHASES for step in wire.DDP_STEPS}}
 
 
 def messages(st: WorkerState, chunk: bytes, now: float) -> Iterator[dict[str, Any]]:
@@ -101,6 +108,13 @@ def apply(st: WorkerState, msg: dict[str, Any], now: float, sizes: tuple[int, ..
             st.speed_times = _times(msg.get("times"), SPEED_TIMES)
         elif step == wire.ALLREDUCE:
             st.allreduce_times = _times(msg.get("times"), PHASE_TIMES)
+        elif step in wire.DDP_STEPS:
+            st.ddp_times[step] = _times(msg.get("times"), DDP_TIMES)
+    elif ev == wire.DDP_FACTS:
+        step = str(msg.get("step"))
+        if step in wire.DDP_STEPS:
+            # Kept as sent; preflight.ddp.proofs reads every field as untrusted.
+            st.ddp[step] = {k: v for k, v in msg.items() if k not in ("ev", "t", "step")}
     elif ev == wire.LOADED:
         st.loaded = {k: v for k, v in msg.items() if k not in ("ev", "t")}
     elif ev == wire.DONE:

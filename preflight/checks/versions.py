@@ -129,7 +129,9 @@ def run(ctx: Context) -> Result:
         fp = fingerprint_of(ctx)
     except PyEnvError as exc:
         if exc.kind == "timeout":
-            raise
+            # The interpreter did not answer in time (a hung shared filesystem): the runner's
+            # ProbeTimeout, not a crash of preflight's.
+            raise TimeoutError(str(exc)) from exc
         missing = exc.kind == "missing"
         return Result(
             NAME, Status.ERROR, "PythonMissing" if missing else "PythonBroken",

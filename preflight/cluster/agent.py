@@ -53,6 +53,8 @@ class RunSettings:
     #: the workers' engine as asked (--engine, config bench_engine): auto, torch or nccl4py;
     #: node 0 decides one for every node (:func:`choose_engine`)
     engine: str = "auto"
+    #: --ddp: the DDP ladder's step 4 over every rank of every node (preflight/ddp/world.py)
+    ddp: bool = False
 
 
 def has_nccl4py(python: str) -> bool | None:
@@ -186,6 +188,14 @@ class Agent:
         if step["do"] == "checks":
             self.progress("node checks")
             return run_node_checks(self.ctx)
+        if step["do"] == "ddp":
+            from preflight.ddp.world import cluster_step
+
+            self.progress("DDP over every node")
+            return cluster_step(self.ctx, master_addr=self.opts.master_addr,
+                                master_port=self.opts.master_port, node_rank=me, nproc=nproc,
+                                nodes=list(step["nodes"]), prefix=f"s{k}/ddp",
+                                backend=self.settings.backend, iface=self.info.get("interface"))
         for i, group in enumerate(step["groups"]):
             if me in group:
                 self.progress(f"all-reduce {step['tag']} with nodes {group}")
@@ -259,6 +269,14 @@ class Agent:
         total = sum(int(arrivals[r]["nproc"]) for r in alive)
         if self.settings.bandwidth and total >= 2:
             self._world_and_localise(v, alive)
+        if self.settings.ddp:
+            from preflight.ddp.world import judge_world, step_deadline_s
+
+            nodes = [r for r in alive if r not in v.unresponsive]
+            got = self._step({"do": "ddp", "nodes": nodes, "deadline_s": step_deadline_s(
+                self.ctx) + o.timeout_s}, nodes, "DDP over every node")
+            v.unresponsive.update({r: "DDP over every node" for r in nodes if r not in got})
+            v.ddp = judge_world(got, nodes=nodes)
         return self._publish(self.k, v)
 
     def _step(self, step: dict[str, Any], nodes: list[int], what: str) -> dict[int, Any]:
@@ -391,6 +409,7 @@ class Verdict:
         self.unmatched: list[int] = []
         self.store: dict[str, int] = {}
         self.elapsed_s = 0.0
+        self.ddp: dict[str, Any] | None = None
 
     def _name(self, r: int) -> str:
         host = self.arrivals.get(r, {}).get("host")
@@ -435,6 +454,12 @@ class Verdict:
         for r, why in sorted(self.slow.items()):
             add(Status.FAIL, "SlowNode", f"{self._name(r)} is slow: {why}",
                 "Drain it and check its NIC (ethtool -S, link speed, tc qdisc show) and cables.")
+        if self.ddp is not None and self.ddp["status"] in ("fail", "error"):
+            add(Status.parse(self.ddp["status"]), "DdpWorldFailed",
+                f"DDP over every rank of every node: {self.ddp['message']}",
+                "preflight ddp on each node names a layer of its own (docs/ddp.md); between the "
+                "nodes: MASTER_ADDR, NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME on every node, a "
+                "firewall between them.")
         if self.unmatched:
             add(Status.FAIL, "SlowNetwork",
                 f"more suspects than good nodes ({', '.join(map(str, self.unmatched))} not "
@@ -471,6 +496,6 @@ class Verdict:
                            "differences": self.differences},
                 "allreduce": self.allreduce, "slow_nodes": sorted(self.slow),
                 "localisation": {"rounds": self.rounds, "unisolated": self.unmatched},
-                "findings": findings, "store": self.store,
+                "findings": findings, "store": self.store, "ddp": self.ddp,
                 "elapsed_s": round(self.elapsed_s, 3)}
 

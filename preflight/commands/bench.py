@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from preflight.cli import Formatter, add_config_options, build_context, emit
+from preflight.cli import Formatter, add_config_options, build_context, count_arg, emit
 from preflight.core.textsafe import escape
 
 #: Most ranks one bench may start: more than any node's GPUs (NVL72 trays hold 4; HGX boards 8,
@@ -32,15 +32,7 @@ def _size(text: str) -> int:
     return size
 
 
-def _nproc(text: str) -> int:
-    try:
-        n = int(text, 10) if len(text) <= 20 else -1
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of ranks") from None
-    if not 1 <= n <= MAX_NPROC:
-        raise argparse.ArgumentTypeError(f"{text!r} ranks: expected 1..{MAX_NPROC} (one rank per "
-                                         "GPU; with gloo, a few CPU ranks suffice)")
-    return n
+_nproc = count_arg("ranks", MAX_NPROC, "one rank per GPU; with gloo, a few CPU ranks suffice")
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -17,6 +17,7 @@ from preflight.cli import (
 from preflight.core.textsafe import escape
 
 if TYPE_CHECKING:
+    from preflight.core.check import Check
     from preflight.core.result import Report
 
 #: node-problem-detector keeps the first 80 characters of a plugin's output (max_output_length).
@@ -49,7 +50,8 @@ def _description() -> str:
     checks = "\n".join(f"  {c.name:<14} {c.summary}" for c in CHECKS)
     return ("Run the node-local checks once and print a verdict per check.\n\n"
             f"checks:\n{checks}\n\nand the site checks the config's site_checks "
-            "adds (preflight docs site-checks).")
+            "adds (preflight docs site-checks); --ddp adds ddp, the field guide's "
+            "minimal DDP run (preflight docs ddp).")
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -77,6 +79,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "LOCAL_WORLD_SIZE, else at least one); 0 = CPU-only node, GPU checks skip")
     p.add_argument("--no-bandwidth", action="store_true",
                    help="skip the tests that load the GPUs (allreduce, gpu_speed)")
+    p.add_argument("--ddp", action="store_true",
+                   help="also run the check ddp: the field guide's minimal DDP run, one variable "
+                        "at a time, as preflight ddp runs it (seconds: torch's import)")
     p.add_argument("--golden", metavar="FILE",
                    help="fingerprint JSON (preflight fingerprint --json) this node must match")
     p.add_argument("--python", metavar="PATH",
@@ -101,6 +106,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=run)
 
 
+def _ddp(wanted: bool) -> tuple[Check, ...]:
+    if not wanted:
+        return ()
+    from preflight.ddp.check import CHECK
+
+    return (CHECK,)
+
+
 def run(args: argparse.Namespace) -> int:
     from preflight.checks import CHECKS, GPU_LOAD_CHECKS
     from preflight.checks.site import site_checks
@@ -116,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     names = {c.name for c in CHECKS}
     skip = [*args.skip, *([n for n in GPU_LOAD_CHECKS if n in names]
                           if args.no_bandwidth else [])]
-    every = (*CHECKS, *site_checks(ctx.config, names))
+    every = (*CHECKS, *site_checks(ctx.config, names), *_ddp(args.ddp))
     try:
         checks = select(every, only=args.only, skip=skip)
     except SelectionError as exc:

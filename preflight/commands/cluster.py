@@ -61,6 +61,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="all-reduce size (default 256M with nccl, 1M with gloo)")
     p.add_argument("--no-bandwidth", action="store_true",
                    help="arrival, node checks and parity only")
+    p.add_argument("--ddp", action="store_true",
+                   help="then the DDP ladder's step 4: the field guide's minimal DDP training "
+                        "over every rank of every node, its proofs across nodes (docs/ddp.md)")
     p.add_argument("--expect-gpus", type=int, metavar="N",
                    help="GPUs each node must show (0 = CPU-only nodes), as in preflight check")
     p.add_argument("--engine", choices=("auto", "torch", "nccl4py"),
@@ -130,7 +133,7 @@ def _run(args: argparse.Namespace, opts: Any, ctx: Any) -> int:
                            bandwidth=not args.no_bandwidth,
                            bench_timeout_s=min(ctx.config.bench_timeout_s, 2 * opts.timeout_s),
                            python=ctx.config.python or sys.executable,
-                           engine=ctx.config.bench_engine)
+                           engine=ctx.config.bench_engine, ddp=args.ddp)
     me = opts.node_rank
 
     def progress(text: str) -> None:

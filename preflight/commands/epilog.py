@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from preflight.core.context import Context
     from preflight.core.result import Result
     from preflight.probes.gpu import GpuSnapshot
+    from preflight.probes.holders import FileId
 
 #: How long the epilog waits for a job's processes to exit and release GPU memory (a killed
 #: rank's CUDA context can take a few seconds to tear down), at most.
@@ -98,7 +99,7 @@ def _judge(hook: HookRun) -> int:
     results = [_processes_result(left, snap_error), _memory_result(left, ctx, snap_error)]
     hook.phase = "cleaning /dev/shm"
     shm = clean_shm(ctx.host_path("/dev/shm"), _uid(env.get("SLURM_JOB_UID")),
-                    proc=ctx.host_path("/proc"), root=ctx.root, stop_at=hook.budget.end - 1.0,
+                    proc=ctx.host_path("/proc"), stop_at=hook.budget.end - 1.0,
                     dry_run=bool(hook.args.report_only))
     results.append(shm.result())
     if shm.removed or shm.held or shm.errors:
@@ -229,15 +230,18 @@ class ShmCleanup:
         return Result("shm_files", Status.PASS, "ShmCleaned", message, details=details)
 
 
-def clean_shm(shm: Path, uid: int | None, *, proc: Path, root: Path, stop_at: float,
+def clean_shm(shm: Path, uid: int | None, *, proc: Path, stop_at: float,
               dry_run: bool = False) -> ShmCleanup:
     """Remove the regular files of ``uid`` directly in ``shm`` that no process holds.
 
-    Holders are found in ``proc`` (open descriptors and mappings, as the host sees the path:
-    ``shm`` without ``root``). Nothing is removed for root, for an unknown uid, or while the
-    user still has a process on the node; the clean-up stops at ``stop_at`` (monotonic).
-    ``dry_run``: list what would go, remove nothing (``--report-only``)."""
-    from preflight.bench.leftovers import paths_in_use
+    Holders are found in ``proc`` by the files' device and inode (open descriptors and mappings,
+    :func:`preflight.probes.holders.find_holders`; the same in any mount namespace, so a
+    ``--root`` view of the host's ``/dev/shm`` needs no translation). Nothing is removed for
+    root, for an unknown uid, while the user still has a process on the node, or when some
+    process could not be inspected or the scan did not end by ``stop_at`` (monotonic), which
+    also ends the clean-up. ``dry_run``: list what would go, remove nothing
+    (``--report-only``)."""
+    from preflight.probes.holders import Wanted, find_holders
     from preflight.probes.procs import processes_of
 
     out = ShmCleanup(str(shm), uid, dry_run=dry_run)
@@ -253,27 +257,44 @@ def clean_shm(shm: Path, uid: int | None, *, proc: Path, root: Path, stop_at: fl
                        f"of theirs, or this job's leftovers: pid {', '.join(map(str, still[:5]))})"
                        ": nothing removed")
         return out
-    host_view = "/" + str(shm.relative_to(root)).lstrip("/") if root != Path("/") else str(shm)
-    held = {Path(p).name for p in paths_in_use(host_view, str(proc))}
     try:
         entries = sorted(os.scandir(shm), key=lambda e: e.name)
     except OSError as exc:
         out.skipped = f"cannot list {shm}: {exc.strerror or exc}"
         return out
+    candidates: list[tuple[os.DirEntry[str], FileId]] = []
     for entry in entries:
-        if time.monotonic() > stop_at:
-            out.errors.append("stopped: the time budget is spent")
-            break
         try:
             st = entry.stat(follow_symlinks=False)
         except OSError:
             continue
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
-            continue
-        if entry.name in held:
+        if stat.S_ISREG(st.st_mode) and st.st_uid == uid:
+            candidates.append((entry, FileId.of(st)))
+    if not candidates:
+        return out
+    scan = find_holders(proc, Wanted(files=frozenset(f for _, f in candidates)),
+                        deadline_s=max(0.0, stop_at - time.monotonic()))
+    if not scan.seen_all:
+        if scan.error:
+            why = scan.error
+        elif scan.unreadable:
+            why = f"{scan.unreadable} of {scan.processes} processes could not be inspected"
+        else:
+            why = "the time budget ran out before every process was looked at"
+        out.skipped = (f"cannot tell which of uid {uid}'s {len(candidates)} file(s) a process "
+                       f"holds ({why}): nothing removed")
+        return out
+    held = scan.held()
+    for entry, file in candidates:
+        if time.monotonic() > stop_at:
+            out.errors.append("stopped: the time budget is spent")
+            break
+        if file in held:
             out.held += 1
             continue
         try:
+            if FileId.of(os.lstat(entry.path)) != file:
+                continue  # a new file of that name since the scan: not what was looked at
             if not dry_run:
                 os.unlink(entry.path)
         except OSError as exc:

@@ -51,8 +51,9 @@ prolog_budget_s (8 s) whatever hangs; a GPU driver that does not answer is a nod
 Rollout: --report-only first (reports, drains nothing, exits 0), then drain; with --resume in
 HealthCheckProgram a node that preflight drained is resumed after resume_after passing runs in
 a row (never a node drained for another reason). The all-reduce and gpu_speed run only with
---bandwidth. Slurm gives a prolog no PATH: scontrol and sinfo are looked up in /usr/bin and
-/usr/local/bin. Install, verdicts and rollout: docs/slurm.md."""
+--bandwidth, the DDP ladder (preflight ddp) only with --ddp. Slurm gives a prolog no PATH:
+scontrol and sinfo are looked up in /usr/bin and /usr/local/bin. Install, verdicts and
+rollout: docs/slurm.md."""
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -71,6 +72,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--bandwidth", action="store_true",
                    help="also run the tests that load the GPUs: the timed all-reduce and gpu_speed "
                         "(seconds; off by default in a prolog; raise prolog_budget_s with it)")
+    p.add_argument("--ddp", action="store_true",
+                   help="also run the check ddp, the field guide's minimal DDP run (seconds: "
+                        "torch's import; raise prolog_budget_s with it); a failure that a job "
+                        "variable bears on never drains")
     p.add_argument("--resume", action="store_true",
                    help="resume this node when preflight drained it and it has passed "
                         "resume_after runs in a row (for HealthCheckProgram)")
@@ -101,6 +106,10 @@ def _judge(hook: HookRun) -> int:
         if not args.bandwidth:
             skip += GPU_LOAD_CHECKS
         every = (*CHECKS, *site_checks(ctx.config, [c.name for c in CHECKS]))
+        if args.ddp:
+            from preflight.ddp.check import CHECK
+
+            every = (*every, CHECK)
         checks = select(every, skip=skip)
         hook.phase = "looking at --python and --golden"
         check_targets(ctx.config, [c.name for c in checks],

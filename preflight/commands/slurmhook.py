@@ -353,14 +353,16 @@ class HookRun:
     # -- metrics ---------------------------------------------------------------------------
     def write_prom(self) -> None:
         """``--prom-file``: the prolog's check metrics (as ``check --prom-file``) and the hook's
-        own, replaced atomically; the epilog's file has only the hook's (no series in common with
-        the prolog's file). A failure is one line on stderr, never a change of the exit code."""
+        own; the epilog's file has only the hook's (no series in common with the prolog's file).
+        Written by ``check --prom-file``'s rules (:mod:`preflight.outputs.textfile`: only a
+        regular file is replaced, a failed write leaves the error gauge). A failure is one line
+        on stderr, never a change of the exit code."""
         path = getattr(self.args, "prom_file", None)
         if not path:
             return
-        from preflight.core.atomicio import replace_file
-        from preflight.outputs.hook_metrics import render_hook
+        from preflight.outputs.hook_metrics import ESSENTIAL_HOOK_FAMILIES, render_hook
         from preflight.outputs.prom import MetricsSnapshot, render
+        from preflight.outputs.textfile import ESSENTIAL_FAMILIES, write_metrics_file
 
         self.phase = f"writing {path} (--prom-file)"
         self.outcome.timestamp_s = time.time()
@@ -368,8 +370,10 @@ class HookRun:
         report = self.outcome.report if self.hook == "prolog" else None
         try:
             data = render(MetricsSnapshot(report=report)) if report is not None else b""
-            replace_file(path, data + render_hook(self.outcome))
-        except OSError as exc:
+            write_metrics_file(path, data + render_hook(self.outcome),
+                               essential=(*ESSENTIAL_FAMILIES, *ESSENTIAL_HOOK_FAMILIES),
+                               labels={"hook": self.hook})
+        except OSError as exc:  # TextfileError: refused (a device, a FIFO, ...) or failed
             self.say(f"cannot write the metrics to --prom-file {path}: {exc.strerror or exc}")
         except Exception as exc:  # the metrics never decide the exit code, a bug here included
             log.debug("traceback of the --prom-file error", exc_info=True)

@@ -13,9 +13,12 @@ from pathlib import Path
 def replace_file(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644) -> None:
     """Write ``data`` to ``path`` atomically (see the module docstring).
 
+    ``path`` itself is not inspected: a caller that must not replace a device, a FIFO or a
+    symlink checks first (:mod:`preflight.outputs.textfile` does).
+
     Raises:
         OSError: the directory does not take a new file or the write failed (the old file is
-            then left as it was, and no temporary file is left behind).
+            then left as it was, and no temporary file is left behind; nor after an interrupt).
     """
     target = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
@@ -27,7 +30,7 @@ def replace_file(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644
             os.fsync(fh.fileno())
             os.fchmod(fh.fileno(), mode)
         os.replace(tmp, target)
-    except OSError:
+    except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise

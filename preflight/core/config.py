@@ -103,6 +103,8 @@ class Config:
     gpu_speed_timeout_s: float = 30.0
     #: gpu_speed worker engine: auto (cuda, else torch), cuda, torch, cpu (plumbing test).
     gpu_speed_engine: str = "auto"
+    #: Deadline of each step of the DDP ladder (preflight ddp, check --ddp), seconds.
+    ddp_timeout_s: float = 60.0
     #: Start the GPU workers while NVML is read (interpreter, imports, cuInit: no CUDA context,
     #: no GPU memory); False: only once NVML says the GPUs are idle.
     gpu_prestart: bool = True
@@ -338,6 +340,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "gpu_speed_slow_fraction": (0.001, 1.0),
     "gpu_speed_warn_fraction": (0.001, 1.0),
     "gpu_speed_timeout_s": (0.001, _DAY_S),
+    "ddp_timeout_s": (0.001, _DAY_S),
     "xid_since_s": (0.001, 10 * 365 * _DAY_S),
     "fabric_expected_rate_gbps": (0.001, 100_000.0),
     "fabric_counter_interval_s": (0, 5.0),

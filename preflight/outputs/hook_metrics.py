@@ -17,6 +17,11 @@ from prometheus_client.registry import Collector
 from preflight.core.slurm import HookOutcome
 
 NAN = float("nan")
+#: Kept in the short file a failed ``--prom-file`` write leaves (with the node verdict's): what
+#: the hook did to the node, and when.
+ESSENTIAL_HOOK_FAMILIES = ("preflight_slurm_hook_last_run_timestamp_seconds",
+                           "preflight_slurm_config_ok", "preflight_slurm_drained",
+                           "preflight_slurm_would_drain", "preflight_slurm_drain_held_back")
 
 
 def _opt(value: float | None) -> float:
@@ -102,4 +107,4 @@ def render_hook(outcome: HookOutcome) -> bytes:
     return generate_latest(registry)
 
 
-__all__ = ["HookCollector", "render_hook"]
+__all__ = ["ESSENTIAL_HOOK_FAMILIES", "HookCollector", "render_hook"]

@@ -5,7 +5,7 @@ The one writer every ``--prom-file`` goes through (``check``, the Slurm hooks). 
 * A **regular file or nothing** at the path: the text goes to a temporary file in the same
   directory (same filesystem, so the rename is atomic: node_exporter may read at any moment), is
   flushed to disk, made world-readable (node_exporter often runs as another user) and renamed over
-  the path.
+  the path (:func:`preflight.core.atomicio.replace_file`).
 * A **symlink**: followed to what it names (as far as it resolves); that file is then replaced by
   the same rule, in *its* directory. The link itself stays a link.
 * Anything else (a **device** such as ``/dev/null``, a **FIFO**, a socket, a directory), also at
@@ -17,20 +17,20 @@ A write that fails (a full disk, a read-only mount, a missing directory) must no
 verdict behind for node_exporter to keep serving: the stale file is removed, which frees its blocks,
 and a short file with ``preflight_textfile_write_error 1`` and the verdict series (healthy,
 undecided, last run) is written in its place where that fits. Every full write carries
-``preflight_textfile_write_error 0``. The caller gets :class:`TextfileError` and says so on stderr;
-the verdict (stdout, JSON, exit code) never depends on the file.
+``preflight_textfile_write_error 0`` (labelled ``hook`` in a Slurm hook's file, so that the
+prolog's and the epilog's share a directory). The caller gets :class:`TextfileError` and says
+so on stderr; the verdict (stdout, JSON, exit code) never depends on the file.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import stat
-import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from preflight.core.atomicio import replace_file
 from preflight.core.boundedio import file_kind
 
 #: The gauge every textfile carries: 0 after a full write, 1 in the short file left by a failed one.
@@ -73,23 +73,6 @@ def destination(path: str | os.PathLike[str]) -> Path:
     return target
 
 
-def _replace(target: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file next to ``target`` and rename it over ``target``."""
-    directory = target.parent if str(target.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-            os.fchmod(fh.fileno(), 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def essential_lines(text: bytes, families: Sequence[str] = ESSENTIAL_FAMILIES) -> bytes:
     """The ``# HELP``, ``# TYPE`` and sample lines of ``families`` in an exposition text."""
     names = set(families)
@@ -105,31 +88,46 @@ def essential_lines(text: bytes, families: Sequence[str] = ESSENTIAL_FAMILIES) -
     return b"".join(kept)
 
 
-def _error_family(value: int) -> bytes:
+def _error_family(value: int, labels: Mapping[str, str]) -> bytes:
+    # One HELP text for every file: node_exporter refuses a family whose HELP differs between
+    # two files of its directory.
+    sample = ",".join(f'{k}="{_label_value(v)}"' for k, v in sorted(labels.items()))
+    series = f"{ERROR_METRIC}{{{sample}}}" if sample else ERROR_METRIC
     return (f"# HELP {ERROR_METRIC} 1 when preflight could not write this file in full (disk "
             "full, read-only): only the verdict series are here; 0 after a full write.\n"
-            f"# TYPE {ERROR_METRIC} gauge\n{ERROR_METRIC} {value}\n").encode()
+            f"# TYPE {ERROR_METRIC} gauge\n{series} {value}\n").encode()
+
+
+def _label_value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 def write_metrics_file(path: str | os.PathLike[str], text: bytes, *,
-                       essential: Sequence[str] = ESSENTIAL_FAMILIES) -> None:
+                       essential: Sequence[str] = ESSENTIAL_FAMILIES,
+                       labels: Mapping[str, str] | None = None) -> None:
     """Write the exposition ``text`` (plus ``preflight_textfile_write_error 0``) to ``path`` by the
     rules of this module.
+
+    Args:
+        essential: the families kept in the short file a failed write leaves.
+        labels: labels of the error gauge, for files that share a textfile directory (the Slurm
+            hooks' ``hook="prolog"``): without them two files would carry the same series.
 
     Raises:
         TextfileError: refused or failed; the message names the path, the cause, and what is at
             the path now (unchanged; removed; the short error file).
     """
+    labels = labels or {}
     target = destination(path)
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
         raise TextfileError(f"{target}: cannot create a file in {directory}: no such directory")
     try:
-        _replace(target, text + _error_family(0))
+        replace_file(target, text + _error_family(0, labels), mode=0o644)
         return
     except OSError as exc:
         cause = exc.strerror or str(exc)
-    left = _after_failure(target, essential_lines(text, essential) + _error_family(1))
+    left = _after_failure(target, essential_lines(text, essential) + _error_family(1, labels))
     raise TextfileError(f"{target}: cannot write: {cause}; {left}")
 
 
@@ -151,7 +149,7 @@ def _after_failure(target: Path, short: bytes) -> str:
             return "the previous file is unchanged (it could not be removed), so it shows an " \
                    "older run"
     try:
-        _replace(target, short)
+        replace_file(target, short, mode=0o644)
     except OSError:
         return ("removed the previous file so that it does not show an older run"
                 if removed else "nothing was written")

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from preflight.core.boundedio import MAX_FILE_BYTES, read_bounded
+from preflight.core.boundedio import MAX_FILE_BYTES, BoundedReadError, read_bounded
 from preflight.core.context import activity
 
 
@@ -181,7 +181,14 @@ class FixtureGpuProbe:
 
 
 class FixtureFileGpuProbe:
-    """Answers from a snapshot JSON file, read when asked (so a bad file is that check's ERROR)."""
+    """Answers from a snapshot JSON file, read when asked (so a bad file is that check's ERROR).
+
+    A regular file is read bounded (:func:`~preflight.core.boundedio.read_bounded`). A FIFO is
+    the one other thing taken: it is read like a driver that answers late or never (the tests'
+    hung ``nvmlInit``), waiting for its writer, at most :data:`MAX_FILE_BYTES`; only
+    :class:`DeadlineGpuProbe`, which every Context puts in front, bounds that wait. A device or
+    a directory is refused.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -193,14 +200,14 @@ class FixtureFileGpuProbe:
             raise RuntimeError(f"NVML fixture {self.path} unusable: {exc}") from exc
 
     def _read(self) -> bytes:
-        """The snapshot's bytes: a regular file through the bounded reader; a FIFO is read as
-        NVML answers, when its writer writes, with no deadline of its own: a FIFO nobody writes
-        is how a hung ``nvmlInit`` is replayed, and :class:`DeadlineGpuProbe` bounds the wait
-        as it bounds the real driver's."""
-        if stat.S_ISFIFO(os.stat(self.path).st_mode):
-            with open(self.path, "rb") as fh:
-                return fh.read(MAX_FILE_BYTES + 1)[:MAX_FILE_BYTES]
-        return read_bounded(self.path)
+        if not stat.S_ISFIFO(os.stat(self.path).st_mode):
+            return read_bounded(self.path)
+        with open(self.path, "rb") as f:  # blocks until a writer comes: a hung driver
+            data = f.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise BoundedReadError(f"{self.path}: more than the {MAX_FILE_BYTES} bytes a "
+                                   "snapshot may have")
+        return data
 
 
 class DeadlineGpuProbe:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from preflight.core.boundedio import read_small_text
 from preflight.probes.gpu import Gpu, GpuClocks, GpuSnapshot, MigInstance, NvLink, PcieLink
 from preflight.probes.pci import normalize_bus_id
 
@@ -81,7 +82,11 @@ def _text(value: Any) -> str:
 
 
 def scan_pci_gpus(sys_root: Path) -> tuple[str, ...]:
-    """Bus ids of NVIDIA display / 3D controllers under ``<sys_root>/bus/pci/devices``."""
+    """Bus ids of NVIDIA display / 3D controllers under ``<sys_root>/bus/pci/devices``.
+
+    ``vendor`` and ``class`` are read as sysfs attributes (:func:`preflight.core.boundedio.
+    read_small_text`): a FIFO, a device or a huge file in their place (a hostile ``--root``) is
+    skipped unread, never blocks or fills memory."""
     found = []
     devices = sys_root / "bus" / "pci" / "devices"
     try:
@@ -90,8 +95,8 @@ def scan_pci_gpus(sys_root: Path) -> tuple[str, ...]:
         return ()
     for dev in entries:
         try:
-            vendor = (dev / "vendor").read_text().strip().lower()
-            klass = (dev / "class").read_text().strip().lower()
+            vendor = read_small_text(dev / "vendor").lower()
+            klass = read_small_text(dev / "class").lower()
         except OSError:
             continue
         # 0x0300xx VGA controller, 0x0302xx 3D controller (data-centre GPUs).

@@ -36,7 +36,7 @@ SMALL_FLEET = 16
 CHECKS = ("gpu_visible", "xid", "shm")
 RICH_CHECKS = ("fabric", "allreduce", "gpu_speed")
 OK_REASON = {"gpu_visible": "GpusHealthy", "xid": "NoXid", "shm": "ShmOk", "fabric": "FabricOk",
-             "allreduce": "AllreduceOk", "gpu_speed": "GpuSpeedOk"}
+             "allreduce": "AllreduceOk", "gpu_speed": "GpuSpeedOk", "network": "NetworkOk"}
 DRIVER = {"h100": "570.124.06", "h200": "575.57.08"}
 NEW_DRIVER = "580.95.05"
 
@@ -447,6 +447,22 @@ def per_node_scenarios() -> Iterable[Scenario]:
                    "minutes (IbPortDown); NCCL runs on the remaining rails, or on TCP when none "
                    f'is left. Which ports: preflight_ib_port_active{{node="{n(7)}"}} == 0, or the '
                    "fabric message in /report.")
+
+    def no_port(f: Fleet) -> None:
+        # Every port down: fabric owns the fault; network only says NCCL falls back to sockets.
+        f.verdict(10, "fabric", "fail", "IbNoActivePort")
+        f.verdict(10, "network", "warn", "NcclSocketFallback")
+        f.set("preflight_ib_port_active",
+              node_labels(10, device="mlx5_0", port="1", link_layer="InfiniBand"), f.const(0))
+
+    yield one_node("no RDMA port up: one alert (fabric's), not also network's", 10, 16,
+                   no_port, "PreflightIbPortDown", 4, 6,
+                   node_labels(10, check="fabric", status="fail", reason="IbNoActivePort"),
+                   f"1 RDMA port(s) down on {n(10)}",
+                   f"1 InfiniBand / RoCE port(s) of {n(10)} have not been ACTIVE / LinkUp for 5 "
+                   "minutes (IbNoActivePort); NCCL runs on the remaining rails, or on TCP when "
+                   f'none is left. Which ports: preflight_ib_port_active{{node="{n(10)}"}} == 0, '
+                   "or the fabric message in /report.")
 
     def rate_low(f: Fleet) -> None:
         f.verdict(9, "fabric", "fail", "IbRateLow")

@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +21,8 @@ from tests.helpers import REPO
 RULES = REPO / "deploy" / "prometheus" / "preflight-rules.yaml"
 RULES_TEST = REPO / "deploy" / "prometheus" / "preflight-rules.test.yaml"
 SCRAPE_CONFIGS = [REPO / "deploy" / "prometheus" / n
-                  for n in ("scrape-config.yaml", "scrape-config-hosts.yaml")]
+                  for n in ("scrape-config.yaml", "scrape-config-hosts.yaml",
+                            "scrape-config-rbac-proxy.yaml")]
 INHIBIT = REPO / "deploy" / "alertmanager" / "inhibit-rules.yaml"
 DASHBOARD = REPO / "deploy" / "grafana" / "preflight-dashboard.json"
 RUNBOOKS = REPO / "docs" / "runbooks"
@@ -170,6 +172,33 @@ def test_scrape_configs_set_the_labels_the_rules_read() -> None:
         check = subprocess.run([PROMTOOL, "check", "config", str(SCRAPE_CONFIGS[1])],
                                capture_output=True, text=True, timeout=60, check=False)
         assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_rbac_proxy_scrape_config_is_the_pod_job_over_https_with_a_token(
+        tmp_path: Path) -> None:
+    """scrape-config-rbac-proxy.yaml: scrape-config.yaml's job (discovery, relabeling) plus
+    HTTPS, the ServiceAccount token and a tls_config; promtool accepts it (discovery replaced
+    by a static target, which Debian's promtool lacks, and the token file by one here)."""
+    (plain,) = yaml.safe_load(SCRAPE_CONFIGS[0].read_text())["scrape_configs"]
+    (proxy,) = yaml.safe_load(SCRAPE_CONFIGS[2].read_text())["scrape_configs"]
+    assert proxy["scheme"] == "https"
+    assert proxy["authorization"] == {
+        "credentials_file": "/var/run/secrets/kubernetes.io/serviceaccount/token"}
+    assert proxy["tls_config"] == {"insecure_skip_verify": True}
+    rest = {k: v for k, v in proxy.items() if k not in ("scheme", "authorization", "tls_config")}
+    assert rest == plain
+    if PROMTOOL is None:
+        return
+    token = tmp_path / "token"
+    token.write_text("x")
+    del proxy["kubernetes_sd_configs"]
+    proxy["static_configs"] = [{"targets": ["127.0.0.1:9857"]}]
+    proxy["authorization"]["credentials_file"] = str(token)
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump({"scrape_configs": [proxy]}))
+    check = subprocess.run([PROMTOOL, "check", "config", str(config)], capture_output=True,
+                           text=True, timeout=60, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
 
 
 def test_inhibit_rules_name_real_alerts_and_labels() -> None:

@@ -157,8 +157,9 @@ def test_stat_state_never_raises(raw: bytes) -> None:
 
 
 @pytest.mark.parametrize("when", ["spawn", "init", "warm-up of 1 MiB", "measure of 2 MiB"])
-def test_sigstop_named_within_5_s_in_any_phase(when: str) -> None:
-    """The step deadline here is 30 s: only the stop itself can make the verdict come in 5 s."""
+def test_sigstop_named_within_15_s_in_any_phase(when: str) -> None:
+    """The step deadline here is 30 s: only the stop itself (seen in the kernel's process state
+    within about 2 s) can make the verdict come in 15 s, which a loaded machine still meets."""
     hit = threading.Event()
     records: list[RunRecord] = []
     opts = _opts(iters=400)
@@ -185,7 +186,8 @@ def test_sigstop_named_within_5_s_in_any_phase(when: str) -> None:
     assert result.status is Status.FAIL and result.reason == "AllreduceStalled", result.message
     assert result.stalled_ranks == (1,)
     assert result.message.startswith("rank 1 (CPU) stopped in ")
-    assert took < 5, f"named {took:.1f} s after the stop"
+    assert "(process state T" in result.message  # named by the stop, not by a deadline
+    assert took < 15, f"named {took:.1f} s after the stop (step deadline 30 s)"
     assert not psutil.pid_exists(victim.pid) or victim.status() == psutil.STATUS_ZOMBIE
 
 
@@ -197,7 +199,9 @@ def test_deadline_while_importing_says_so(tmp_path: Path) -> None:
     fake.mkdir()
     (fake / "__init__.py").write_text("import time\ntime.sleep(60)\n")
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
-    result = judge(run_workers(_opts(timeout_s=4.0, env=env)))
+    # 10 s: a start-up deadline of 5 s, by which even a loaded machine has started the
+    # interpreter (else the message would say it had not), while the import still sleeps.
+    result = judge(run_workers(_opts(timeout_s=10.0, env=env)))
     assert result.status is Status.ERROR and result.reason == "WorkerStartSlow", result.message
     assert "still starting after" in result.message
     assert "still importing torch / nccl4py / cuda-bindings" in result.message
@@ -322,20 +326,26 @@ def test_signal_kills_workers_and_removes_the_log_dir(tmp_path: Path, sig: int) 
     parent.send_signal(sig)
     # SystemExit(128 + 15); an uncaught KeyboardInterrupt re-raises SIGINT on the way out.
     assert parent.wait(20) in (128 + sig, -sig)
-    assert _gone(workers, 5)
+    assert _gone(workers, 15)
     assert list(tmp_path.glob("preflight-gpu-*")) == []
 
 
 def test_a_stopped_worker_does_not_outlive_a_killed_parent(tmp_path: Path) -> None:
     parent = _start_parent(tmp_path)
     workers = _workers(parent.pid)
-    time.sleep(1.0)  # past the worker's PR_SET_PDEATHSIG
     w1 = _rank(parent.pid, 1)
     assert w1 is not None
+    # Its heartbeat thread starts right after PR_SET_PDEATHSIG: once there are two threads, the
+    # kernel kills it with its parent (a clock could not tell that on a loaded machine).
+    for _ in range(6000):
+        if w1.num_threads() >= 2:
+            break
+        time.sleep(0.01)
+    assert w1.num_threads() >= 2, "rank 1 never started its heartbeat"
     w1.send_signal(signal.SIGSTOP)
     parent.kill()
     parent.wait(10)
-    assert _gone(workers, 5), [p.pid for p in workers if p.is_running()]
+    assert _gone(workers, 15), [p.pid for p in workers if p.is_running()]
 
 
 def test_store_listens_on_loopback_only() -> None:

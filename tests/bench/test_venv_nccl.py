@@ -147,14 +147,14 @@ def test_worker_waits_for_the_parents_release_then_goes() -> None:
         threading.Timer(0.3, os.close, args=(w,)).start()
         t0 = time.monotonic()
         wire.Control(r).wait_release(30.0)
-        assert 0.25 <= time.monotonic() - t0 < 5.0
+        assert 0.25 <= time.monotonic() - t0 < 15.0  # released by the close, not the 30 s
     finally:
         os.close(r)
     r, w = os.pipe()
     try:
         t0 = time.monotonic()
         wire.Control(r).wait_release(0.2)
-        assert 0.15 <= time.monotonic() - t0 < 5.0
+        assert 0.15 <= time.monotonic() - t0 < 15.0  # waited, and did not hang
     finally:
         os.close(r)
         os.close(w)

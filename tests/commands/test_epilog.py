@@ -161,6 +161,29 @@ def test_the_job_users_unheld_shm_files_are_removed_and_listed(
 
 
 @needs_root
+def test_a_file_held_under_another_name_is_kept(tmp_path: Path, cluster: FakeSlurm,
+                                                 shm_files: list[Path]) -> None:
+    """A holder is known by the file's device and inode, not its path: a process that opened
+    the file through a hard link in a subdirectory still holds it."""
+    alias_dir = shm_files[0].with_name(shm_files[0].name + "-dir")
+    alias_dir.mkdir()
+    alias = alias_dir / "alias"
+    os.link(shm_files[0], alias)
+    holder = _holder(alias)
+    try:
+        rc, err = _epilog(tmp_path, cluster, topologies.healthy_8x_h100(),
+                          env={"SLURM_JOB_UID": str(JOB_UID)})
+    finally:
+        holder.kill()
+        holder.wait()
+        alias.unlink()
+        alias_dir.rmdir()
+    assert rc == 0, err
+    assert [f.exists() for f in shm_files] == [True, False, False, True]
+    assert "removed 2 file(s)" in err and "kept 1 that a process holds" in err
+
+
+@needs_root
 def test_nothing_is_removed_while_the_user_still_runs_a_process(
         tmp_path: Path, cluster: FakeSlurm, shm_files: list[Path]) -> None:
     def become_job_user() -> None:

@@ -57,7 +57,9 @@ def test_classifier_survives_log_soup(text: str) -> None:
 
 
 def test_adversarial_long_lines_stay_fast() -> None:
-    """Near-misses repeated over a megabyte line: bounded regexes keep it well under a second."""
+    """Near-misses repeated over a megabyte line: bounded regexes keep it well under a second
+    (0.15 s here). A regex that backtracks over such a line takes minutes to hours, so the 30 s
+    bound tells the two apart on any machine; speed itself is measured in benchmarks/."""
     bad = ["ibv_" + "a" * 39, "NET/IB " * 30, "Watchdog caught collective operation timeout: "
            "WorkNCCL(SeqNum=1, OpType=X" + "(" * 300, "[" + "a" * 30 + "1" * 7, "Rendezvous ",
            "rank 1 nranks ", "/dev/shm" + " " * 290, "Timed out after 1 seconds waiting ",
@@ -69,7 +71,7 @@ def test_adversarial_long_lines_stay_fast() -> None:
     for rule in RULES:
         for pat in rule.patterns:
             pat.regex.search(line.decode()[:4096])
-    assert time.perf_counter() - start < 5
+    assert time.perf_counter() - start < 30
 
 
 def _encodings() -> st.SearchStrategy[str]:

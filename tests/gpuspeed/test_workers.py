@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -59,8 +61,9 @@ def test_a_frozen_worker_is_named_with_its_gpu_and_phase_and_nothing_is_left() -
     assert rec.failure.message.startswith("the worker for GPU 1, 0000:00:07.0 stopped in d2d "
                                           "(process state T"), rec.failure.message
     assert rec.failure.ranks == (1,)
-    # Named by its stopped state, before the 7.5 s measurement deadline.
-    assert took < opts.timeout_s / 4, took
+    # "(process state T" above: named by its stopped state, not by the 7.5 s measurement
+    # deadline (whose message differs), so the clock only has to show the run did not hang.
+    assert took < opts.timeout_s, took
     assert all(_gone(st.pid) for st in rec.workers)
 
 
@@ -106,7 +109,10 @@ def test_the_all_reduce_runs_on_its_own_when_the_speed_step_ended_the_run() -> N
     ar = BenchOptions(backend="gloo", nproc=2, sizes=(1 << 20,), timeout_s=60, iters=3, warmup=1)
     tests = GpuTests()
     tests.expect_allreduce(ar)
-    speed = tests.speed(_speed(timeout_s=8, env={**os.environ, STALL_ENV: "0000:00:06.0:gemm"}))
+    # 30 s: the whole speed step's deadline, start-up included, which a loaded machine's slow
+    # worker start must not reach; the stall itself is named by its stopped state in ~2 s.
+    speed = tests.speed(_speed(timeout_s=30, env={**os.environ,
+                                                  STALL_ENV: "0000:00:06.0:gemm"}))
     assert speed.failure is not None and speed.failure.kind == "stalled"
     record = tests.allreduce(ar)
     assert record.failure is None and judge(record).status is Status.PASS
@@ -203,3 +209,82 @@ def test_the_early_start_is_a_config_key(tmp_path: Path, make_ctx) -> None:  # t
     assert early is not None and len(early.workers) == 1
     gpu_tests(on).release()
     assert all(_gone(st.pid) for st in early.workers)
+
+
+
+#: cuda-bindings' driver module, stood in for: a GPU that answers until ``FAIL_AT`` (a call name,
+#: and how many calls of it succeed first) fails with CUDA's error ``ERR``.
+_DRIVER = """
+import enum
+FAIL_AT, ERR = {fail_at!r}, {err!r}
+ERRORS = {{100: ("CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"),
+           2: ("CUDA_ERROR_OUT_OF_MEMORY", "out of memory")}}
+calls = {{}}
+class CUdevice_attribute(enum.IntEnum):
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+    CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
+    CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH = 37
+def _call(name, *values):
+    calls[name] = calls.get(name, 0) + 1
+    if FAIL_AT and FAIL_AT[0] == name and calls[name] > FAIL_AT[1]:
+        return (ERR,)
+    return (0, *values)
+def cuInit(flags): return _call("cuInit")
+def cuDeviceGetByPCIBusId(bus): return _call("cuDeviceGetByPCIBusId", 0)
+def cuDevicePrimaryCtxRetain(dev): return _call("cuDevicePrimaryCtxRetain", 1)
+def cuCtxSetCurrent(ctx): return _call("cuCtxSetCurrent")
+def cuDeviceGetPCIBusId(n, dev): return _call("cuDeviceGetPCIBusId", b"0000:00:06.0\\0")
+def cuStreamCreate(flags): return _call("cuStreamCreate", 7)
+def cuDeviceGetAttribute(attr, dev): return _call("cuDeviceGetAttribute", 9)
+def cuDeviceGetName(n, dev): return _call("cuDeviceGetName", b"Stand-in GPU\\0")
+def cuMemAlloc(nbytes): return _call("cuMemAlloc", 4096)
+def cuGetErrorName(err): return (0, ERRORS[int(err)][0].encode())
+def cuGetErrorString(err): return (0, ERRORS[int(err)][1].encode())
+"""
+#: cuda-pathfinder, stood in for: it finds ``CUBLAS`` (a library with cuBLAS's three symbols).
+_PATHFINDER = """
+import types
+CUBLAS = {cublas!r}
+class DynamicLibNotFoundError(RuntimeError):
+    pass
+def load_nvidia_dynamic_lib(name):
+    return types.SimpleNamespace(abs_path=CUBLAS)
+"""
+_CUBLAS_C = "int cublasCreate_v2(void) {return 1;} int cublasSetStream_v2(void) {return 1;} " \
+            "int cublasGemmEx(void) {return 1;}\n"
+
+
+@pytest.mark.parametrize(("fail_at", "err", "phase", "error"), [
+    (("cuInit", 0), 100, "CUDA context creation",
+     "CUDA cuInit failed: CUDA_ERROR_NO_DEVICE (no CUDA-capable device is detected)"),
+    # The second buffer of the engine's setup: the engine is half made when it fails.
+    (("cuMemAlloc", 1), 2, "setup", "CUDA cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (out of "
+     "memory)"),
+])
+def test_a_cuda_engine_that_cannot_start_reports_cudas_error(
+        tmp_path: Path, fail_at: tuple[str, int], err: int, phase: str, error: str) -> None:
+    """The cuda engine on a node without a usable GPU (cuda-bindings stand-ins whose calls
+    fail): the worker reports CUDA's own error and where, never an error from cleaning up what
+    was never made (without a driver, "'CudaEngine' object has no attribute 'dev'" once hid
+    it)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build a stand-in libcublas")
+    (tmp_path / "cublas.c").write_text(_CUBLAS_C)
+    lib = tmp_path / "libcublas.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "cublas.c")],
+                   check=True, timeout=60)
+    for pkg in ("cuda", "cuda/bindings", "cuda/pathfinder"):
+        (tmp_path / pkg).mkdir(parents=True, exist_ok=True)
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "cuda/pathfinder/__init__.py").write_text(_PATHFINDER.format(cublas=str(lib)))
+    (tmp_path / "cuda/bindings/driver.py").write_text(_DRIVER.format(fail_at=fail_at, err=err))
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    rec = run_speed(_speed(bus_ids=(TARGETS[0].bus_id,), cuda_indices=(0,),
+                           labels=(TARGETS[0].label,), engine="cuda",
+                           env={**os.environ, "PYTHONPATH": path}))
+    assert rec.failure is not None and rec.failure.kind == "error", rec.failure
+    assert rec.failure.message == f"the worker for GPU 0, 0000:00:06.0 failed in {phase}: {error}"
+    assert "AttributeError" not in (rec.workers[0].traceback or "")
+    assert all(_gone(st.pid) for st in rec.workers)

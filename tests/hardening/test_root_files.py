@@ -8,13 +8,15 @@ import json
 import os
 import subprocess
 import sys
-import time
+import threading
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from preflight.core.boundedio import BoundedReadError, read_small, read_small_text
-from tests.helpers import REPO
+from preflight.probes.nvml import scan_pci_gpus
+from tests.helpers import PEAK_RSS_LAUNCHER, REPO
 
 #: The CLI's resident memory must stay far below the 3 GB file (it measured ~30 MB).
 MAX_RSS_BYTES = 400 << 20
@@ -38,24 +40,14 @@ def hostile_root(root: Path) -> Path:
 
 def _run_measured(args: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProcess[str],
                                                            int]:
-    """Run the CLI; return its result and its peak resident memory in bytes (wait4's rusage)."""
+    """Run the CLI; return its result and its peak resident memory in bytes."""
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_")},
            "PYTHONPATH": str(REPO)}
-    out, err = tmp_path / "stdout", tmp_path / "stderr"
-    with out.open("wb") as o, err.open("wb") as e:
-        pid = subprocess.Popen([sys.executable, "-m", "preflight", *args], env=env,
-                               stdout=o, stderr=e).pid
-    deadline = time.monotonic() + 60
-    while True:
-        done, status, usage = os.wait4(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            raise AssertionError("preflight check did not finish within 60 s")
-        time.sleep(0.05)
-    return (subprocess.CompletedProcess(args, os.waitstatus_to_exitcode(status), out.read_text(),
-                                        err.read_text()), usage.ru_maxrss * 1024)
+    rss_file = tmp_path / "peak-rss"
+    proc = subprocess.run([sys.executable, "-c", PEAK_RSS_LAUNCHER, str(rss_file), sys.executable,
+                           "-m", "preflight", *args], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+    return proc, int(rss_file.read_text())
 
 
 def test_a_hostile_sysfs_tree_is_refused_unread(tmp_path: Path) -> None:
@@ -96,3 +88,41 @@ def test_a_proc_file_that_grows_past_the_limit_is_refused(tmp_path: Path) -> Non
     assert b"Pid:" in data
     with pytest.raises(BoundedReadError, match="more than the 16 bytes"):
         read_small("/proc/self/status", max_bytes=16)
+
+
+def _pci_device(devices: Path, bus_id: str, vendor: str = "0x10de\n",
+                klass: str = "0x030200\n") -> Path:
+    dev = devices / bus_id
+    dev.mkdir(parents=True)
+    (dev / "vendor").write_text(vendor)
+    (dev / "class").write_text(klass)
+    return dev
+
+
+def test_the_pci_scan_skips_trap_attributes_unread(tmp_path: Path) -> None:
+    """``scan_pci_gpus`` under a --root whose PCI attributes are a FIFO nobody writes and a
+    256 MiB sparse file: both devices are skipped at once, memory stays small, the real GPUs
+    are still found."""
+    devices = tmp_path / "sys" / "bus" / "pci" / "devices"
+    _pci_device(devices, "0000:18:00.0")
+    _pci_device(devices, "0000:2a:00.0", klass="0x030000\n")  # a VGA controller counts too
+    _pci_device(devices, "0000:00:1f.0", vendor="0x8086\n", klass="0x060100\n")
+    fifo = _pci_device(devices, "0000:3b:00.0")
+    (fifo / "vendor").unlink()
+    os.mkfifo(fifo / "vendor")
+    big = _pci_device(devices, "0000:4c:00.0")
+    with (big / "class").open("wb") as f:
+        f.truncate(256 << 20)
+    found: list[tuple[str, ...]] = []
+    tracemalloc.start()
+    try:
+        worker = threading.Thread(target=lambda: found.append(scan_pci_gpus(tmp_path / "sys")),
+                                  daemon=True)
+        worker.start()
+        worker.join(30)  # a blocking open of the FIFO would never return
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert not worker.is_alive(), "scan_pci_gpus blocked on the FIFO"
+    assert found == [("0000:18:00.0", "0000:2a:00.0")]
+    assert peak < 4 << 20, peak  # the 256 MiB file was not read

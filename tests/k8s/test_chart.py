@@ -47,7 +47,9 @@ def test_every_rendered_manifest_is_valid_kubernetes(tmp_path: Path, values: dic
     expected = ["ConfigMap", "DaemonSet", "Service", "ServiceAccount"]
     if values:
         expected += ["ConfigMap", "PrometheusRule", "ServiceMonitor", "ClusterRole",
-                     "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
+                     "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+                     # the identity the ServiceMonitor scrapes with through kube-rbac-proxy
+                     "ServiceAccount", "Secret", "ClusterRoleBinding"]
     assert kinds == sorted(expected)
 
 

@@ -1,13 +1,24 @@
 """The chart's monitoring parts: every series labelled with its node (and pool), the PodMonitor
-alternative, the rules bound to this release's DaemonSet and runbooks."""
+alternative, the rules bound to this release's DaemonSet and runbooks, and scraping through
+kube-rbac-proxy (HTTPS, a ServiceAccount's token, a tlsConfig)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.k8s.conftest import by_kind, helm, objects, render
+from tests.k8s.conftest import (
+    KUBE_VERSIONS,
+    OPERATOR_KINDS,
+    by_kind,
+    helm,
+    kubernetes_validate,
+    objects,
+    render,
+    write_docs,
+)
 
 
 def relabelings(monitor: dict[str, Any]) -> list[dict[str, Any]]:
@@ -80,3 +91,116 @@ def test_rules_watch_this_releases_daemonset_and_link_absolute_runbooks() -> Non
 def test_the_schema_rejects_a_relative_runbook_url_and_odd_labels(values: dict[str, Any]) -> None:
     with pytest.raises(helm.HelmValuesError):
         render(values)
+
+
+# -- scraping through kube-rbac-proxy ---------------------------------------------------------
+
+#: Fields of an endpoint in the Prometheus operator's CRDs (monitoring.coreos.com/v1, v0.8x):
+#: a PodMonitor's endpoint has no file-based fields (no bearerTokenFile, no caFile).
+ENDPOINT_FIELDS = {
+    "ServiceMonitor": {"authorization", "basicAuth", "bearerTokenFile", "bearerTokenSecret",
+                       "enableHttp2", "filterRunning", "followRedirects", "honorLabels",
+                       "honorTimestamps", "interval", "metricRelabelings", "noProxy", "oauth2",
+                       "params", "path", "port", "proxyConnectHeader", "proxyFromEnvironment",
+                       "proxyUrl", "relabelings", "scheme", "scrapeTimeout", "targetPort",
+                       "tlsConfig", "trackTimestampsStaleness"},
+    "PodMonitor": {"authorization", "basicAuth", "bearerTokenSecret", "enableHttp2",
+                   "filterRunning", "followRedirects", "honorLabels", "honorTimestamps",
+                   "interval", "metricRelabelings", "noProxy", "oauth2", "params", "path",
+                   "port", "portNumber", "proxyConnectHeader", "proxyFromEnvironment",
+                   "proxyUrl", "relabelings", "scheme", "scrapeTimeout", "targetPort",
+                   "tlsConfig", "trackTimestampsStaleness"},
+}
+#: A PodMonitor's tlsConfig (SafeTLSConfig) and a ServiceMonitor's (which adds the file fields).
+TLS_FIELDS = {"ca", "cert", "insecureSkipVerify", "keySecret", "maxVersion", "minVersion",
+              "serverName"}
+KIND = {"serviceMonitor": "ServiceMonitor", "podMonitor": "PodMonitor"}
+
+
+def endpoint(monitor: dict[str, Any]) -> dict[str, Any]:
+    (ep,) = monitor["spec"].get("endpoints") or monitor["spec"]["podMetricsEndpoints"]
+    out: dict[str, Any] = ep
+    return out
+
+
+@pytest.mark.parametrize("kind", ["serviceMonitor", "podMonitor"])
+def test_without_the_proxy_the_monitor_scrapes_plain_http(kind: str) -> None:
+    docs = objects(render({kind: {"enabled": True}}))
+    ep = endpoint(by_kind(docs, KIND[kind]))
+    assert not {"scheme", "authorization", "tlsConfig"} & ep.keys()
+    assert not [d for d in docs if d["kind"] == "Secret"]
+
+
+@pytest.mark.parametrize("kind", ["serviceMonitor", "podMonitor"])
+@pytest.mark.parametrize("version", KUBE_VERSIONS)
+def test_behind_the_proxy_the_monitor_scrapes_https_with_a_token_it_may_use(
+        tmp_path: Path, kind: str, version: str) -> None:
+    docs = objects(render({kind: {"enabled": True}, "kubeRbacProxy": {"enabled": True}},
+                          name="gpu", namespace="gpu-monitoring"))
+    ep = endpoint(by_kind(docs, KIND[kind]))
+    assert set(ep) <= ENDPOINT_FIELDS[KIND[kind]], set(ep) - ENDPOINT_FIELDS[KIND[kind]]
+    assert set(ep["tlsConfig"]) <= TLS_FIELDS
+    assert ep["scheme"] == "https"
+    assert ep["tlsConfig"] == {"insecureSkipVerify": True}  # the proxy's self-signed cert
+    assert ep["authorization"] == {"type": "Bearer", "credentials": {
+        "name": "gpu-cluster-preflight-scraper-token", "key": "token"}}
+    # The Secret holds the token of a ServiceAccount bound to the reader role, which may get
+    # /metrics: what kube-rbac-proxy's SubjectAccessReview asks.
+    secret = by_kind(docs, "Secret")
+    assert secret["type"] == "kubernetes.io/service-account-token"
+    assert secret["metadata"]["namespace"] == "gpu-monitoring"  # the monitor's: the operator's
+    sa_name = secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+    assert {"kind": "ServiceAccount", "name": sa_name} in [
+        {"kind": d["kind"], "name": d["metadata"]["name"]} for d in docs]
+    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"
+                  and d["subjects"][0]["name"] == sa_name]
+    reader = next(d for d in docs if d["kind"] == "ClusterRole"
+                  and d["metadata"]["name"] == binding["roleRef"]["name"])
+    assert {"nonResourceURLs": ["/metrics", "/report"], "verbs": ["get"]} in reader["rules"]
+    assert binding["subjects"][0]["namespace"] == "gpu-monitoring"
+    core = [d for d in docs if d["kind"] not in OPERATOR_KINDS | {"PodMonitor"}]
+    files = [write_docs(tmp_path / f"{i}-{d['kind']}.yaml", [d]) for i, d in enumerate(core)]
+    proc = kubernetes_validate(files, version)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("kind", ["serviceMonitor", "podMonitor"])
+def test_a_verified_certificate_and_an_own_token_secret(kind: str) -> None:
+    ca = {"secret": {"name": "proxy-ca", "key": "ca.crt"}}
+    docs = objects(render({kind: {"enabled": True}, "kubeRbacProxy": {
+        "enabled": True, "tlsSecret": "proxy-tls", "scrape": {
+            "insecureSkipVerify": False, "ca": ca, "serverName": "preflight.gpu.internal",
+            "tokenSecret": {"name": "my-scraper", "key": "jwt"}}}}))
+    ep = endpoint(by_kind(docs, KIND[kind]))
+    assert ep["tlsConfig"] == {"insecureSkipVerify": False, "ca": ca,
+                               "serverName": "preflight.gpu.internal"}
+    assert ep["authorization"]["credentials"] == {"name": "my-scraper", "key": "jwt"}
+    assert not [d for d in docs if d["metadata"]["name"].endswith("-scraper")
+                or d["kind"] == "Secret"]
+
+
+def test_without_a_monitor_no_scraper_identity_is_made() -> None:
+    docs = objects(render({"kubeRbacProxy": {"enabled": True}}))
+    assert not [d for d in docs if "scraper" in d["metadata"]["name"]]
+
+
+@pytest.mark.parametrize(("scrape", "tls_secret", "message"), [
+    ({"ca": {"secret": {"name": "c", "key": "ca.crt"}}}, "t", "verifies nothing"),
+    ({"insecureSkipVerify": False}, "t", "needs kubeRbacProxy.scrape.ca"),
+    ({"insecureSkipVerify": False, "ca": {"secret": {"name": "c", "key": "ca.crt"}}}, "",
+     "self-signed certificate cannot be verified"),
+])
+def test_a_tls_setting_that_cannot_work_fails_the_install(scrape: dict[str, Any],
+                                                          tls_secret: str, message: str) -> None:
+    with pytest.raises(Exception, match=message):
+        render({"serviceMonitor": {"enabled": True}, "kubeRbacProxy": {
+            "enabled": True, "tlsSecret": tls_secret, "scrape": scrape}})
+
+
+@pytest.mark.parametrize("scrape", [{"ca": {"file": "/etc/ca.crt"}},
+                                    {"ca": {"secret": {"name": "c"}}},
+                                    {"tokenSecret": {"key": ""}},
+                                    {"insecureSkipVerify": "yes"}])
+def test_the_schema_rejects_odd_scrape_settings(scrape: dict[str, Any]) -> None:
+    with pytest.raises(helm.HelmValuesError):
+        render({"kubeRbacProxy": {"enabled": True, "scrape": scrape}})

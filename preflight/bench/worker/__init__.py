@@ -3,7 +3,8 @@
 A plan is a list of steps run in order in one process and one CUDA context: the per-GPU speed
 measurements (``speed``), then the timed all-reduce (``allreduce``); ``preflight bench``,
 ``bench --gpu``, the ``gpu_speed`` and ``allreduce`` checks and ``preflight cluster`` give the
-same worker different plans. The parent (:mod:`preflight.bench.parent`) starts
+same worker different plans; ``preflight ddp`` gives it the DDP ladder's steps instead
+(:mod:`.ddp`). The parent (:mod:`preflight.bench.parent`) starts
 ``PYTHON .../worker/start.py``, where PYTHON is the training environment's interpreter
 (``--python``) or preflight's own.
 
@@ -19,5 +20,6 @@ Modules: ``wire`` (messages, progress pipe, heartbeat, death signal, control lin
 iterations), ``engines`` (what an interpreter can import; the one choice of engine), ``main``
 (the plan and its steps), ``cudadrv`` (CUDA driver API helpers, the PTX kernels of
 ``kernels.ptx``), ``speed`` (copy and matrix multiply engines), ``allreduce`` (the all-reduce
-engines: nccl4py and torch).
+engines: nccl4py and torch; the torch rendezvous store), ``ddp`` (the field guide's minimal DDP
+training as steps that report what they prove).
 """

@@ -81,11 +81,30 @@ def _loopback_store(tcp_store: Any, world_size: int, timeout: Any) -> Any:
         raise
 
 
+def open_store(dist: Any, plan: dict[str, Any], *, rank: int, world: int, timeout_s: float,
+               progress: wire.Progress, control: wire.Control) -> Any:
+    """The rendezvous store of torch.distributed: across nodes a client of the cluster's store
+    (``store`` "HOST:PORT" in the plan, keys under ``store_prefix``); on one node rank 0's
+    store on 127.0.0.1, its port published to the others through the parent."""
+    tcp_store: Any = dist.TCPStore
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store_at = plan.get("store")
+    if store_at:
+        host, _, port_text = str(store_at).rpartition(":")
+        return dist.PrefixStore(str(plan.get("store_prefix", "")),
+                                tcp_store(host, int(port_text), None, False, timeout=timeout))
+    if rank == 0:
+        store = _loopback_store(tcp_store, world, timeout)
+        progress.send(wire.PUBLISH, port=int(store.port))
+        return store
+    port = int(control.get(wire.PORT, timeout_s))
+    return tcp_store("127.0.0.1", port, world, False, timeout=timeout)
+
+
 def run_torch(s: Step, torch: Any, device: Any) -> None:
     """In phase ``init`` already (the caller entered it)."""
     import torch.distributed as dist
 
-    tcp_store: Any = dist.TCPStore  # type: ignore[attr-defined]
     nccl = None
     if device.type == "cuda":
         try:
@@ -94,17 +113,8 @@ def run_torch(s: Step, torch: Any, device: Any) -> None:
             nccl = None
     s.progress.send(wire.ENGINE, step=wire.ALLREDUCE, engine="torch", nccl=nccl)
     timeout = datetime.timedelta(seconds=s.timeout_s)
-    store_at = s.plan.get("store")
-    if store_at:
-        host, _, port_text = str(store_at).rpartition(":")
-        store = dist.PrefixStore(str(s.plan.get("store_prefix", "")),  # type: ignore[attr-defined]
-                                 tcp_store(host, int(port_text), None, False, timeout=timeout))
-    elif s.rank == 0:
-        store = _loopback_store(tcp_store, s.world, timeout)
-        s.progress.send(wire.PUBLISH, port=int(store.port))
-    else:
-        port = int(s.control.get(wire.PORT, s.timeout_s))
-        store = tcp_store("127.0.0.1", port, s.world, False, timeout=timeout)
+    store = open_store(dist, s.plan, rank=s.rank, world=s.world, timeout_s=s.timeout_s,
+                       progress=s.progress, control=s.control)
     kwargs: dict[str, Any] = {}
     if device.type == "cuda":
         kwargs["device_id"] = device  # eager communicator creation (torch >= 2.3): init, untimed

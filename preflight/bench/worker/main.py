@@ -4,7 +4,7 @@
 :mod:`preflight.bench.options`): ``{"label", "device": CUDA index or None (the CPU), "bus_id",
 "speed": {"engine", "kinds", "timeout_s"} or None, "allreduce": {"rank", "world_size",
 "backend", "engine", "sizes", "warmup", "iters", "alloc", "libnccl", "store", "store_prefix",
-"timeout_s"} or None}``.
+"timeout_s"} or None}``, or ``{"label", "ddp": {...}}``: the DDP ladder instead (:mod:`.ddp`).
 
 Start-up overlaps what does not depend on each other: the driver's own initialisation (through
 libcuda, before any import), the imports of the engines, cuBLAS's loading and nccl4py's import
@@ -113,7 +113,9 @@ class Worker:
         self.device_sent = False
         self.cublas_job: Background | None = None
         self.nccl_job: Background | None = None
-        self.ran_nccl4py = False
+        #: exit only once the parent released the worker (a peer may still read our data),
+        #: at most this many seconds; None: exit at once
+        self.release_s: float | None = None
 
     def enter(self, step: str, phase: str, size: int | None = None) -> None:
         self.step, self.phase = step, phase
@@ -148,6 +150,9 @@ class Worker:
     def run(self) -> None:
         if self.plan.get("pending") and not self.pending():
             self.progress.send(wire.DONE)
+            return
+        if self.plan.get("ddp"):
+            self.ddp_run(self.plan["ddp"])
             return
         speed, ar = self.plan.get("speed"), self.plan.get("allreduce")
         found = engines.facts(libnccl=False)
@@ -226,6 +231,37 @@ class Worker:
                                 "sm_count": p.multi_processor_count, "bus_width_bits": None})
         return self.torch, self.torch_device
 
+    # ------------------------------------------------------------------------------- the DDP
+    def ddp_run(self, plan: dict[str, Any]) -> None:
+        """The DDP ladder (:mod:`.ddp`): torch's import and the CUDA context of
+        ``cuda:LOCAL_RANK`` at start-up, then the steps on the parent's go. A CUDA error at
+        start-up is the first step's to report (its layer: CUDA, the driver, the torch build)."""
+        from . import ddp
+
+        self.enter(wire.START, "imports")
+        gpu = any(step.get("gpu") for step in plan["steps"])
+        local = int(os.environ.get("LOCAL_RANK", "0") or 0)
+        early = Background(lambda: early_init(local, None), "cuda-init") if gpu else None
+        self.torch = ddp.imports()
+        self.clock.lap("imports")
+        self.enter(wire.START, "context")
+        cuda_error: BaseException | None = None
+        if early is not None:
+            early.join()
+            self.device = local
+            try:
+                self._torch_on_gpu()
+            except Exception as exc:  # the single step raises it, in the layer it belongs to
+                cuda_error = exc
+        self.clock.lap("cuda_context")
+        self.progress.send(wire.STEP_DONE, step=wire.START, times=self.clock.times)
+        ladder = ddp.Ladder(self, plan)
+        ladder.run(cuda_error)
+        if ladder.wait_release:
+            self.release_s = float(plan["timeout_s"]) + BACKSTOP_S
+        self.progress.send(wire.LOADED, **loaded())
+        self.progress.send(wire.DONE)
+
     # --------------------------------------------------------------------------------- speed
     def _speed_engine(self, name: str) -> Any:
         from . import speed
@@ -288,7 +324,7 @@ class Worker:
                     if self.gpu is None or self.nccl_job is None:
                         raise engines.Unavailable("cuda.bindings did not import")
                     nccl = self.nccl_job.join()
-                    self.ran_nccl4py = True
+                    self.release_s = float(plan["timeout_s"]) + BACKSTOP_S
                     allreduce.run_nccl4py(step, self.gpu, nccl)
                 else:
                     if plan["backend"] == "gloo":
@@ -337,11 +373,10 @@ def main(argv: list[str] | None = None) -> int:
         progress.send(wire.ERROR, step=worker.step, phase=worker.phase, error=error_text(exc),
                       traceback=traceback.format_exc()[-4000:])
         code = 1
-    if worker.ran_nccl4py and code == 0:
+    if worker.release_s is not None and code == 0:
         # A peer may still be finishing the last barrier with data of ours: exit only once the
         # parent has seen every rank done (it closes our stdin then).
-        timeout = float(worker.plan["allreduce"]["timeout_s"]) + BACKSTOP_S
-        control.wait_release(timeout)
+        control.wait_release(worker.release_s)
     # Reported: the exit releases the CUDA context, the memory and NCCL's threads at once; the
     # interpreter's finalisation is skipped (it adds time and runs nothing of ours).
     sys.stdout.flush()

@@ -58,6 +58,10 @@ LOADED = "loaded"
 DONE = "done"
 #: The worker failed: ``step``, ``phase``, ``error`` (a sentence), ``traceback``.
 ERROR = "error"
+#: What one step of the DDP ladder showed on this rank (:mod:`.ddp`): ``step``, ``rank``,
+#: ``local_rank``, ``world_size``, ``backend``, ``device``, the parameters' digests, the loss
+#: before and after, the sample indices of each epoch, the gradients seen.
+DDP_FACTS = "ddp_facts"
 
 # ------------------------------------------------------------------ control (parent -> worker)
 GO = "go"
@@ -65,6 +69,12 @@ PORT = "port"
 UID = "uid"
 #: A worker started before its plan was known gets it (or null: not needed, exit).
 PLAN = "plan"
+
+
+def go_key(step: str) -> str:
+    """The control key that starts one DDP step (``go_gloo``); end of file instead: stop."""
+    return f"go_{step}"
+
 
 # ------------------------------------------------------------------------------- steps, phases
 START, SPEED, ALLREDUCE = "start", "speed", "allreduce"
@@ -79,6 +89,20 @@ SPEED_PHASES = ("setup", "ready", *SPEED_KINDS)
 #: ``init`` (rendezvous, communicator, buffer), then per size warm-up, measure, verify.
 ALLREDUCE_PHASES = ("init", "warmup", "measure", "verify")
 DONE_PHASE = "done"
+#: The DDP ladder's steps (``preflight ddp``): each local rank alone on its GPU with no process
+#: group, every local rank with gloo, then with NCCL; ``world``: every rank of every node
+#: (``preflight cluster --ddp``).
+DDP_SINGLE, DDP_GLOO, DDP_NCCL, DDP_WORLD = "single", "gloo", "nccl", "world"
+DDP_STEPS = (DDP_SINGLE, DDP_GLOO, DDP_NCCL, DDP_WORLD)
+#: ``ready`` (waiting for the parent's go), ``setup`` (data, model on its device), ``init`` (the
+#: process group), ``wrap`` (DDP(...): its broadcast of the parameters), per iteration
+#: ``forward``, ``backward`` (the gradient all-reduce), ``optimizer`` (``size``: the
+#: iteration), ``check`` (the loss over the whole data set, the digests), ``teardown``
+#: (barrier, destroy).
+DDP_ITERATION_PHASES = ("forward", "backward", "optimizer")
+DDP_PHASES = ("ready", "setup", "init", "wrap", *DDP_ITERATION_PHASES, "check", "teardown")
+#: Steps whose ranks wait for each other (a stall there is diagnosed across ranks).
+COLLECTIVE_STEPS = (ALLREDUCE, DDP_GLOO, DDP_NCCL, DDP_WORLD)
 
 #: The one table of iterations: (untimed warm-ups, timed iterations) per speed kind and per
 #: all-reduce backend. gloo on the CPU is a plumbing and correctness test: few iterations.
@@ -90,6 +114,10 @@ ITERATIONS = {"h2d": (1, 10), "d2h": (1, 10), "d2d": (2, 10), "gemm": (3, 10),
 STALL_ENV = "PREFLIGHT_GPUSPEED_TEST_STALL"
 #: Test-only (docs/bandwidth.md): this all-reduce rank adds 1 to one element before the check.
 CORRUPT_ENV = "PREFLIGHT_BENCH_TEST_CORRUPT_RANK"
+#: Test-only (docs/ddp.md): comma-separated faults the DDP worker injects into itself:
+#: ``no_set_epoch`` (every rank), ``skip_step=R`` (rank R never calls optimizer.step()),
+#: ``hang=R@STEP`` (rank R sleeps before its third forward of that step).
+DDP_TEST_ENV = "PREFLIGHT_DDP_TEST"
 
 HEARTBEAT_S = 0.5
 _PR_SET_PDEATHSIG = 1

@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from preflight.core.context import Context
     from preflight.core.result import Result
     from preflight.probes.gpu import GpuSnapshot
-    from preflight.probes.holders import FileId
 
 #: How long the epilog waits for a job's processes to exit and release GPU memory (a killed
 #: rank's CUDA context can take a few seconds to tear down), at most.
@@ -241,7 +240,7 @@ def clean_shm(shm: Path, uid: int | None, *, proc: Path, stop_at: float,
     process could not be inspected or the scan did not end by ``stop_at`` (monotonic), which
     also ends the clean-up. ``dry_run``: list what would go, remove nothing
     (``--report-only``)."""
-    from preflight.probes.holders import Wanted, find_holders
+    from preflight.probes.holders import FileId, Wanted, find_holders
     from preflight.probes.procs import processes_of
 
     out = ShmCleanup(str(shm), uid, dry_run=dry_run)

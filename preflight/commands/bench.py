@@ -10,27 +10,25 @@ import argparse
 import sys
 
 from preflight.cli import Formatter, add_config_options, build_context, count_arg, emit
-from preflight.core.config import RANGES
-from preflight.core.result import ExitCode, exit_code
 from preflight.core.textsafe import escape
 
 #: Most ranks one bench may start: more than any node's GPUs (NVL72 trays hold 4; HGX boards 8,
 #: 16 at most), and a bound on the processes a typo (``--nproc 100000``) can start.
 MAX_NPROC = 64
-#: Largest all-reduce size, the config's own bound (bench_max_bytes).
-MAX_SIZE_BYTES = RANGES["bench_max_bytes"][1]
 
 
 def _size(text: str) -> int:
     from preflight.bench.method import parse_size
+    from preflight.core.config import RANGES
 
+    largest = RANGES["bench_max_bytes"][1]  # the config's own bound
     try:
         size = parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    if not 4 <= size <= MAX_SIZE_BYTES:
+    if not 4 <= size <= largest:
         raise argparse.ArgumentTypeError(f"{text!r} is {size} bytes; expected 4 bytes .. "
-                                         f"{int(MAX_SIZE_BYTES) >> 30}G")
+                                         f"{int(largest) >> 30}G")
     return size
 
 
@@ -90,6 +88,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run_gpu(args: argparse.Namespace) -> int:
+    from preflight.core.result import exit_code
     from preflight.gpuspeed import render_table, run_speed
 
     ctx = build_context(args, {"gpu_speed_timeout_s": args.timeout, "python": args.python,
@@ -107,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         return run_gpu(args)
     from preflight.bench import BenchUsageError, plan, run_bench
     from preflight.bench.verdict import render_table
+    from preflight.core.result import ExitCode, exit_code
 
     ctx = build_context(args, {"min_busbw_gbps": args.min_busbw,
                                "bench_timeout_s": args.timeout, "python": args.python,

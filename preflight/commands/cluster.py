@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from preflight.cli import Formatter, add_config_options, build_context, emit
-from preflight.core.result import ExitCode
+
+if TYPE_CHECKING:
+    from preflight.core.result import ExitCode
 
 
 def _size(text: str) -> int:
@@ -88,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
 
     from preflight.cluster.options import ClusterUsageError, resolve
     from preflight.cluster.store import torch_missing
+    from preflight.core.result import ExitCode
 
     try:
         opts = resolve(nnodes=args.nnodes, node_rank=args.node_rank,
@@ -113,6 +116,7 @@ def _run(args: argparse.Namespace, opts: Any, ctx: Any) -> int:
     from preflight.cluster.options import ClusterUsageError
     from preflight.cluster.store import MasterLost, Rendezvous
     from preflight.cluster.verdict import render
+    from preflight.core.result import ExitCode
 
     _, visible, nvml_error = visible_gpus(ctx)
     backend = args.backend or ("nccl" if not nvml_error and visible else "gloo")

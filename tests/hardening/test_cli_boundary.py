@@ -38,7 +38,7 @@ def test_internal_error_in_check_is_undecided_in_one_line(
     def broken(*_a: object, **_k: object) -> None:
         raise RuntimeError("a bug\nwith a second line")
 
-    monkeypatch.setattr("preflight.commands.check.run_checks", broken)
+    monkeypatch.setattr("preflight.core.runner.run_checks", broken)
     assert cli.main(["check", "--only", "shm", "--expect-gpus", "0"]) == 3
     err = capsys.readouterr().err
     assert err.count("\n") == 1
@@ -58,7 +58,7 @@ def test_internal_error_in_prolog_lets_the_job_run_unless_fail_closed(
     def broken(*_a: object, **_k: object) -> None:
         raise KeyError("surprise")
 
-    monkeypatch.setattr("preflight.commands.prolog.run_checks", broken)
+    monkeypatch.setattr("preflight.core.runner.run_checks", broken)
     monkeypatch.setenv("SLURMD_NODENAME", "gpu017")
     monkeypatch.setenv("PREFLIGHT_MAX_DRAIN_FRACTION", "1")  # no sinfo here: no fleet guard
     assert cli.main(["prolog", "--scontrol", str(fake), "--expect-gpus", "0"]) == 0

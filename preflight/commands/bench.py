@@ -20,7 +20,8 @@ MAX_NPROC = 64
 MAX_SIZE_BYTES = RANGES["bench_max_bytes"][1]
 
 
-def _size(text: str) -> int:
+def size_arg(text: str) -> int:
+    """An all-reduce size for argparse (also ``preflight cluster --size``)."""
     from preflight.bench.method import parse_size
 
     try:
@@ -33,7 +34,8 @@ def _size(text: str) -> int:
     return size
 
 
-def _nproc(text: str) -> int:
+def nproc_arg(text: str) -> int:
+    """Ranks for argparse (also ``preflight cluster --nproc-per-node``)."""
     try:
         n = int(text, 10) if len(text) <= 20 else -1
     except ValueError:
@@ -58,11 +60,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--backend", choices=("nccl", "gloo"),
                    help="nccl on GPUs (default when NVML works: with fewer than 2 GPUs visible the "
                         "test SKIPs), gloo on CPU (default without NVML)")
-    p.add_argument("--nproc", type=_nproc, metavar="N",
+    p.add_argument("--nproc", type=nproc_arg, metavar="N",
                    help="ranks (default: one per visible GPU with nccl, 2 with gloo)")
-    p.add_argument("--min-bytes", type=_size, metavar="B",
+    p.add_argument("--min-bytes", type=size_arg, metavar="B",
                    help="smallest size, bytes or 1024-based K/M/G (default bench_min_bytes, 1M)")
-    p.add_argument("--max-bytes", type=_size, metavar="B",
+    p.add_argument("--max-bytes", type=size_arg, metavar="B",
                    help="largest size (default bench_max_bytes, 1G, lowered to what GPU memory "
                         "allows; 64M with gloo)")
     p.add_argument("--min-busbw", type=float, metavar="GBPS",

@@ -1,0 +1,90 @@
+"""The real rendezvous and localisation of `preflight cluster` at 64, 256 and 1,024 nodes.
+
+One process: node 0's real Agent hosts a real TCPStore on 127.0.0.1; every other node is a
+real Agent with its own store client on a thread (a lightweight client: no torch import, no
+workers). The node checks answer at once and every all-reduce reports a synthetic figure
+(tests/cluster/sim.py): healthy nodes at 10 GB/s with +-3 % noise, the d bad nodes each either
+slow (0.5-0.85x, uniform) or failing (a third of them), d = 1, 5, 1 % and 10 % of N. Reported:
+the rounds after the world all-reduce, node 0's time to its verdict (the protocol's own cost:
+a real run adds the rounds' all-reduces), node 0's store requests and bytes, the requests of
+all agents together (the server's load), and how many bad nodes were named and healthy ones
+wrongly. Usage:
+    python benchmarks/cluster_sim.py [--nodes 64,256,1024] [--seeds 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import socket
+import sys
+import time
+from pathlib import Path
+
+from machine import describe  # benchmarks/machine.py (sys.path[0] is this folder)
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.cluster.sim import Fabric, run_cluster  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def one(n: int, d: int, seed: int) -> dict[str, object]:
+    rng = random.Random(seed * 7919 + n * 31 + d)
+    bad = rng.sample(range(1, n), d)  # node 0 hosts the store; it is healthy here
+    fabric = Fabric(seed=seed)
+    for b in bad:
+        if rng.random() < 1 / 3:
+            fabric.failing.add(b)
+        else:
+            fabric.speed[b] = rng.uniform(0.5, 0.85)
+    t0 = time.monotonic()
+    out = run_cluster(n, fabric, port=free_port(), timeout_s=60.0)
+    wall = time.monotonic() - t0
+    v = out.verdicts.get(0)
+    if v is None or out.errors:
+        first = next(iter(out.errors.items()), None)
+        raise SystemExit(f"n={n} d={d}: {len(out.errors)} agent(s) failed, first: {first}")
+    named = set(v["slow_nodes"]) | set(v["failed_nodes"])
+    rounds = [r["round"] for r in v["localisation"]["rounds"]]
+    everyone = sum(s.traffic.ops for s in out.stores.values())
+    total_bytes = sum(s.traffic.bytes for s in out.stores.values())
+    return {"n": n, "d": d, "rounds": len(rounds), "verdict_s": v["elapsed_s"], "wall_s": wall,
+            "ops0": v["store"]["ops"], "bytes0": v["store"]["bytes"], "ops_all": everyone,
+            "bytes_all": total_bytes, "found": len(named & set(bad)),
+            "wrong": len(named - set(bad)), "same": all(
+                x["slow_nodes"] == v["slow_nodes"] and x["failed_nodes"] == v["failed_nodes"]
+                for x in out.verdicts.values())}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--nodes", default="64,256,1024")
+    p.add_argument("--seeds", type=int, default=1)
+    args = p.parse_args()
+    print(f"# {describe()}, load average {os.getloadavg()[0]:.1f} at start, "
+          f"{time.strftime('%Y-%m-%d')}")
+    print("| nodes | bad (d) | rounds after world | node 0 verdict s | node 0 requests | "
+          "node 0 KiB | all agents' requests | all agents' KiB | bad named | healthy named | "
+          "same verdict on every node |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for n in (int(x) for x in args.nodes.split(",")):
+        for d in sorted({1, 5, max(1, n // 100), n // 10}):
+            for seed in range(args.seeds):
+                r = one(n, d, seed)
+                print(f"| {r['n']} | {r['d']} | {r['rounds']} | {r['verdict_s']:.1f} | "
+                      f"{r['ops0']} | {int(r['bytes0']) / 1024:.0f} | {r['ops_all']} | "
+                      f"{int(r['bytes_all']) / 1024:.0f} | {r['found']}/{r['d']} | {r['wrong']} | "
+                      f"{'yes' if r['same'] else 'NO'} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -11,12 +11,20 @@ a node rank that comes back with a new nonce has restarted and replaces its earl
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from preflight.cluster import wire
-from preflight.cluster.store import Rendezvous, first_present
+from preflight.cluster.store import Rendezvous
+
+
+def first_present(store: Rendezvous, keys: Iterable[str]) -> list[str]:
+    """The keys of ``keys`` that are set: one request when all are, else one per key."""
+    want = list(keys)
+    if not want or store.has(*want):
+        return want
+    return [k for k in want if store.has(k)]
 
 
 def write(store: Rendezvous, log: str, rank: int, nonce: str, value: Any, *,

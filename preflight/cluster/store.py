@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -360,7 +360,7 @@ class GroupRelay:
     def __init__(self, store: Rendezvous, prefix: str) -> None:
         self._store = store
         self._prefix = prefix
-        self.where = f"the cluster store at {store.master} (key {BASE}.../{prefix}...)"
+        self.where = f"the cluster store at {store.master} (key {store.prefix}{prefix}...)"
 
     def set(self, key: str, value: str) -> None:
         self._store.set(self._prefix + key, value)
@@ -378,14 +378,6 @@ class GroupRelay:
         if not isinstance(value, str):
             raise MasterLost("the NCCL unique id in the store is not text")
         return value
-
-
-def first_present(store: Rendezvous, keys: Iterable[str]) -> list[str]:
-    """The keys of ``keys`` that are set: one request when all are, else one per key."""
-    want = list(keys)
-    if not want or store.has(*want):
-        return want
-    return [k for k in want if store.has(k)]
 
 
 def _is_timeout(exc: BaseException) -> bool:

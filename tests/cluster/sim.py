@@ -119,12 +119,18 @@ def run_cluster(n: int, fabric: Fabric, *, port: int, timeout_s: float = 20.0,
                 settings: RunSettings = SETTINGS, ranks: Sequence[int] | None = None,
                 runners: Mapping[int, Any] | None = None,
                 before_followers: Callable[[Rendezvous], None] | None = None) -> Outcome:
-    """Node 0 in this thread, the followers in threads, all through one real TCPStore."""
+    """Node 0 in this thread, the followers in threads, all through one real TCPStore.
+
+    Every client connects first, one after the other: in one process TCPStore's constructor
+    holds the GIL, so clients connecting from many threads at once queue behind each other
+    (real agents are processes of their own); what is measured is the protocol from there."""
     # The server first: the followers' clients connect to it.
     stores = {0: open_rank(0, n, port, timeout_s)}
+    followers = [r for r in (ranks if ranks is not None else range(n)) if r != 0]
+    for r in followers:
+        stores[r] = open_rank(r, n, port, timeout_s)
     verdicts: dict[int, dict[str, Any]] = {}
     errors: dict[int, BaseException] = {}
-    followers = [r for r in (ranks if ranks is not None else range(n)) if r != 0]
 
     def agent(rank: int) -> Agent:
         runner = (runners or {}).get(rank) or SyntheticRunner(rank, fabric, nnodes=n,
@@ -134,7 +140,6 @@ def run_cluster(n: int, fabric: Fabric, *, port: int, timeout_s: float = 20.0,
 
     def follow(rank: int) -> None:
         try:
-            stores[rank] = open_rank(rank, n, port, timeout_s)
             verdicts[rank] = agent(rank).run()
         except BaseException as exc:  # reported to the test
             errors[rank] = exc

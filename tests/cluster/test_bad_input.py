@@ -5,6 +5,7 @@ follower is taken back."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import socket
@@ -13,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -224,3 +226,28 @@ def test_nccl4py_engine_with_gloo(port: int) -> None:
 
 
 
+
+
+def test_sigterm_during_the_all_reduce_ends_the_agent_and_its_workers(port: int) -> None:
+    psutil = pytest.importorskip("psutil")
+    common = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
+              "--timeout", "30", "--expect-gpus", "0", "--verbose"]
+    lead = start([*common, "--node-rank", "0"])
+    other = start([*common, "--node-rank", "1"])
+    wait_line(other, "all-reduce world", 120)
+    workers: list[Any] = []
+    for _ in range(200):
+        workers = psutil.Process(other.pid).children(recursive=True)
+        if workers:
+            break
+        time.sleep(0.05)
+    assert workers, "node 1 started no worker"
+    lead_workers = psutil.Process(lead.pid).children(recursive=True)
+    for proc, kids in ((other, workers), (lead, lead_workers)):  # a follower, then node 0
+        t1 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rc, _, _ = finish(proc, 30)
+        assert rc in (-signal.SIGTERM, 128 + signal.SIGTERM) and time.monotonic() - t1 < 5
+        for w in kids:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                assert w.status() == psutil.STATUS_ZOMBIE or not w.is_running(), w

@@ -8,8 +8,11 @@ slow (0.5-0.85x, uniform) or failing (a third of them), d = 1, 5, 1 % and 10 % o
 the rounds after the world all-reduce, node 0's time to its verdict (the protocol's own cost:
 a real run adds the rounds' all-reduces), node 0's store requests and bytes, the requests of
 all agents together (the server's load), and how many bad nodes were named and healthy ones
-wrongly. Usage:
+wrongly. ``--pure`` instead runs the localisation alone (no store) on many random fabrics per
+N, one bad node each, and counts the bad nodes missed per band of slowness and the healthy
+ones named. Usage:
     python benchmarks/cluster_sim.py [--nodes 64,256,1024] [--seeds 1]
+    python benchmarks/cluster_sim.py --pure [--nodes 3,4,5,8,16,64] [--seeds 300]
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from machine import describe  # benchmarks/machine.py (sys.path[0] is this folde
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from preflight.cluster.localise import Localiser, Outcome  # noqa: E402
 from tests.cluster.sim import Fabric, run_cluster  # noqa: E402
 
 
@@ -64,11 +68,57 @@ def one(n: int, d: int, seed: int) -> dict[str, object]:
                 for x in out.verdicts.values())}
 
 
+def pure(n: int, seed: int, slow: tuple[float, float]) -> tuple[int, int]:
+    """One bad node (a third of the time failing) on a +-3 % fabric: (missed, healthy named)."""
+    rng = random.Random(seed)
+    bad = rng.randrange(n)
+    failing = rng.random() < 1 / 3
+    speed = rng.uniform(*slow)
+    loc = Localiser(list(range(n)))
+    groups, tag = loc.first_groups(), "pairs"
+    while groups:
+        out = {}
+        for g in groups:
+            fig = None if failing and bad in g else 10 * (speed if bad in g else 1.0) * (
+                1 + rng.uniform(-0.03, 0.03))
+            out[g] = Outcome(fig, why="failed" if fig is None else "")
+        loc.observe(tag, out)
+        groups, tag = loc.next_groups(), "confirm"
+    c = loc.judge()
+    named = set(c.slow) | set(c.failed)
+    return int(bad not in named), len(named - {bad})
+
+
+def main_pure(nodes: list[int], seeds: int) -> int:
+    print(f"# localisation alone, {seeds} random fabrics per cell, one bad node each "
+          "(a third failing), +-3 % noise")
+    print("| nodes | bad node at 0.3-0.75x: missed | at 0.75-0.8x | at 0.8-0.85x | "
+          "healthy named |")
+    print("|---|---|---|---|---|")
+    for n in nodes:
+        cells, wrong = [], 0
+        for band in ((0.3, 0.75), (0.75, 0.8), (0.8, 0.85)):
+            missed = 0
+            for seed in range(seeds):
+                m, w = pure(n, seed * 3 + int(band[0] * 100), band)
+                missed += m
+                wrong += w
+            cells.append(f"{missed}/{seeds}")
+        print(f"| {n} | {' | '.join(cells)} | {wrong} |", flush=True)
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--nodes", default="64,256,1024")
-    p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--nodes", default=None)
+    p.add_argument("--seeds", type=int, default=None)
+    p.add_argument("--pure", action="store_true")
     args = p.parse_args()
+    if args.pure:
+        return main_pure([int(x) for x in (args.nodes or "3,4,5,8,16,64,256,1024").split(",")],
+                         args.seeds or 300)
+    args.nodes = args.nodes or "64,256,1024"
+    args.seeds = args.seeds or 1
     print(f"# {describe()}, load average {os.getloadavg()[0]:.1f} at start, "
           f"{time.strftime('%Y-%m-%d')}")
     print("| nodes | bad (d) | rounds after world | node 0 verdict s | node 0 requests | "

@@ -163,6 +163,13 @@ class Verdict:
                 "every pair of nodes reaches its bar but the all-reduce over all nodes does "
                 "not: the fabric is slow under the full load (an oversubscribed spine, "
                 "congestion), not one node", "Check the switches between the racks.")
+        elif c.suspects and not any(j.outcome.busbw_gbps is not None for j in c.judged):
+            add(Status.FAIL, "AllreduceFailedEverywhere",
+                f"every all-reduce across nodes failed, in every pair (node(s) "
+                f"{listed(c.suspects)}): a setting, driver or version common to the nodes, not "
+                "one node; see the world all-reduce's reason",
+                "Run preflight check on one node and preflight bench on two; compare NCCL_* and "
+                "the interfaces (NCCL_SOCKET_IFNAME, NCCL_IB_HCA).")
         elif c.suspects:
             add(Status.FAIL, "NodesNotIsolated",
                 f"node(s) {listed(c.suspects)} were in slow or failed groups but localisation "

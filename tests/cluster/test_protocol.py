@@ -75,6 +75,14 @@ def test_healthy_nodes_pass_with_no_floor_given(port: int) -> None:
     assert [r["round"] for r in v["localisation"]["rounds"]] == ["pairs"]
 
 
+def test_a_failure_on_every_node_is_said_as_such_not_blamed_on_one(port: int) -> None:
+    v = same_everywhere(run_cluster(6, Fabric(failing=set(range(6))), port=port))
+    reasons = [f["reason"] for f in v["findings"]]
+    assert reasons == ["WorldAllreduceFailed", "AllreduceFailedEverywhere"], reasons
+    assert v["failed_nodes"] == [] and v["slow_nodes"] == []
+    assert "NCCL said: Duplicate GPU detected" in v["findings"][0]["message"]
+
+
 def test_each_malformed_store_value_names_its_node_and_the_run_goes_on(port: int) -> None:
     def peers(_store: Any) -> None:
         def misbehave() -> None:

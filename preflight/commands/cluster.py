@@ -68,8 +68,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="the training environment's interpreter (fingerprint and workers)")
     p.add_argument("--json", action="store_true", help="print the JSON verdict")
     p.add_argument("--verbose", action="store_true",
-                   help="every node prints the full table (default: node 0 only) and the "
-                        "phases on stderr")
+                   help="print the phases on stderr (the full table is node 0's: the other "
+                        "nodes get the verdict without the per-node rows)")
     add_config_options(p)
     p.set_defaults(func=run)
 
@@ -184,5 +184,5 @@ def _agent(args: argparse.Namespace, opts: Any, ctx: Any, settings: Any,
     finally:
         store.close()
     emit(as_json=args.json, data=lambda: verdict,
-         text=lambda: render(verdict, full=me == 0 or args.verbose, node_rank=me))
+         text=lambda: render(verdict, full=me == 0, node_rank=me))
     return int(verdict["exit_code"])

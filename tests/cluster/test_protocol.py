@@ -4,6 +4,7 @@ hand-written store values for the peers that misbehave. No root, no workers."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import socket
 import threading
@@ -81,6 +82,39 @@ def test_a_failure_on_every_node_is_said_as_such_not_blamed_on_one(port: int) ->
     assert reasons == ["WorldAllreduceFailed", "AllreduceFailedEverywhere"], reasons
     assert v["failed_nodes"] == [] and v["slow_nodes"] == []
     assert "NCCL said: Duplicate GPU detected" in v["findings"][0]["message"]
+
+
+def test_two_nodes_one_failing_names_the_node_whose_workers_failed(port: int) -> None:
+    v = same_everywhere(run_cluster(2, Fabric(failing={1}), port=port))
+    assert (v["failed_nodes"], v["slow_nodes"]) == ([1], [])
+    assert [f["reason"] for f in v["findings"]] == ["WorldAllreduceFailed", "NodeFailed"]
+
+
+def nccl_node(rank: int, n: int, fabric: Fabric, gbps: float) -> SyntheticRunner:
+    """A node whose NCCL runs over RDMA ports of ``gbps`` in all."""
+    return SyntheticRunner(rank, fabric, nnodes=n, timeout_s=20.0, facts=lambda nonce: arrival(
+        rank, nonce, nnodes=n, timeout_s=20.0, backend="nccl",
+        link={"transport": "rdma", "gbps": gbps, "basis": f"RDMA mlx5_0:1 {gbps:g} Gb/s"}))
+
+
+def test_with_nccl_two_nodes_get_a_verdict_from_their_links(port: int) -> None:
+    nccl = dataclasses.replace(SETTINGS, backend="nccl")
+    fabric = Fabric(base_gbps=10.0)  # 10 GB/s: 0.8 of a 100 Gb/s link, 0.2 of a 400 Gb/s one
+    good = run_cluster(2, fabric, port=port, settings=nccl,
+                       runners={r: nccl_node(r, 2, fabric, 100.0) for r in range(2)})
+    ar = good.verdicts[0]["allreduce"]
+    assert (good.verdicts[0]["status"], ar["reason"]) == ("pass", "AllreduceOk")
+    assert 0.77 <= ar["link_efficiency"] <= 0.83
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        other = int(s.getsockname()[1])
+    low = run_cluster(2, fabric, port=other, settings=nccl,
+                      runners={r: nccl_node(r, 2, fabric, 400.0 if r else 800.0)
+                               for r in range(2)})
+    v = low.verdicts[0]
+    assert v["allreduce"]["reason"] == "BelowLink" and v["exit_code"] == 1
+    assert "of the slowest node's link (RDMA mlx5_0:1 400 Gb/s)" in v["allreduce"]["message"]
+    assert [f["reason"] for f in v["findings"]] == ["WorldAllreduceSlow"]
 
 
 def test_each_malformed_store_value_names_its_node_and_the_run_goes_on(port: int) -> None:

@@ -4,11 +4,17 @@ Writes a log (1 GB by default, ``--size``) into a temporary directory: 8 ranks w
 ``[defaultN]:[rankN]:`` prefixes printing training progress, NCCL INFO start-up lines, a few
 warnings, and at the end a /dev/shm failure on rank 5 followed by watchdog timeouts on the
 others. Then it classifies the file the way ``preflight explain`` does and prints MB/s, the
-peak RSS of the process (VmHWM) and the findings. Issue 6 target: >= 50 MB/s, bounded memory.
+peak RSS of the process (VmHWM) and the findings. Target: >= 50 MB/s, bounded memory.
 On a machine shared with other work the wall-clock MB/s drops with the load; the MB per CPU
 second of the process is printed beside it (with the load average) for that case.
 
+``--ranks N`` spreads the lines over N distinct ranks (rank tracking must stay linear: the same
+MB/s at 8,192 ranks as at 8); ``--kind info`` writes only NCCL INFO lines (no progress, the worst
+case for per-rank progress tracking); ``--compare`` prints one row each for 8 and 8,192 ranks of
+both kinds.
+
     python benchmarks/explain_throughput.py --size 1G
+    python benchmarks/explain_throughput.py --size 64M --compare
 """
 
 from __future__ import annotations
@@ -47,35 +53,45 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def write_log(path: Path, size: int) -> int:
+def _info_template(ranks: int) -> str:
+    lines = []
+    for i in range(max(4000, ranks)):
+        r = i % ranks
+        lines.append(f"[default{r}]:node{r // 8:04d}:{4100 + r % 8}:{4190 + r % 8} [{r % 8}] "
+                     f"NCCL INFO Channel {i % 24:02d}/0 : {r}[{r % 8}] -> {(r + 1) % ranks}"
+                     f"[{(r + 1) % 8}] via P2P/CUMEM/read {{it}}\n")
+    return "".join(lines)
+
+
+def write_log(path: Path, size: int, ranks: int = RANKS, kind: str = "training") -> int:
     """Write about ``size`` bytes of log; returns the bytes written."""
     head = "".join(
         f"[default{r}]:node01:{4100 + r}:{4100 + r} [{r}] NCCL INFO ncclCommInitRank comm "
-        f"0x55{r:06x} rank {r} nranks {RANKS} cudaDev {r} nvmlDev {r} busId {r}a000 "
-        f"commId 0x9f1c3e2ab4d7c1e5 - Init START\n" for r in range(RANKS))
+        f"0x55{r:06x} rank {r} nranks {ranks} cudaDev {r} nvmlDev {r} busId {r}a000 "
+        f"commId 0x9f1c3e2ab4d7c1e5 - Init START\n" for r in range(min(ranks, 64)))
     block_lines = []
-    for i in range(4000):
-        r = i % RANKS
+    for i in range(max(4000, ranks)):
+        r = i % ranks
         block_lines.append(
             f"[default{r}]:[rank{r}]: iteration {{it}}/ 500000 | consumed samples: {{s}} | "
             f"elapsed time per iteration (ms): 41{i % 10}.3 | learning rate: 3.000E-04 | "
             f"lm loss: 2.{i % 997:04d}E+00 | grad norm: 1.{i % 89:03d} |\n")
         if i % 500 == 0:
             block_lines.append(f"[default{r}]:node01:{4100 + r}:{4190 + r} [{r}] NCCL INFO "
-                               f"Channel {i % 24:02d}/0 : {r}[{r}] -> {(r + 1) % RANKS}"
-                               f"[{(r + 1) % RANKS}] via P2P/CUMEM/read\n")
+                               f"Channel {i % 24:02d}/0 : {r}[{r}] -> {(r + 1) % ranks}"
+                               f"[{(r + 1) % ranks}] via P2P/CUMEM/read\n")
         if i % 1999 == 0:
             block_lines.append(f"[default{r}]:/usr/lib/python3/dist-packages/torch/utils/data/"
                                "dataloader.py:617: UserWarning: This DataLoader will create 8 "
                                "worker processes in total.\n")
-    template = "".join(block_lines)
+    template = "".join(block_lines) if kind == "training" else _info_template(ranks)
     tail = (
         "[default5]:node01:4105:4195 [5] include/shm.h:28 NCCL WARN Error while creating shared "
         "memory segment /dev/shm/nccl-7xQm2L (size 9637888)\n" + "".join(
             f"[default{r}]:[rank{r}]:[E1129 10:41:17.118263522 ProcessGroupNCCL.cpp:632] "
             f"[Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=90211, "
             f"OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600046 "
-            f"milliseconds before timing out.\n" for r in range(RANKS) if r != 5))
+            f"milliseconds before timing out.\n" for r in range(min(ranks, 64)) if r != 5))
     written = 0
     it = 0
     with path.open("w", encoding="utf-8") as f:
@@ -91,17 +107,12 @@ def write_log(path: Path, size: int) -> int:
     return written
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", default="1G", help="log size, e.g. 200M, 1G (default 1G)")
-    ap.add_argument("--dir", default=None, help="where to write the temporary log")
-    args = ap.parse_args()
-    size = parse_size(args.size)
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+def measure(size: int, ranks: int, kind: str, where: str | None) -> None:
+    """Write the log, classify it, print one table row."""
+    with tempfile.TemporaryDirectory(dir=where) as tmp:
         path = Path(tmp) / "synthetic.log"
         t0 = time.perf_counter()
-        written = write_log(path, size)
+        written = write_log(path, size, ranks, kind)
         gen_s = time.perf_counter() - t0
         rss_before = peak_rss_bytes()
         t0, c0 = time.perf_counter(), time.process_time()
@@ -110,16 +121,34 @@ def main() -> int:
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         peak = peak_rss_bytes()
     mb = written / 1e6
+    print(f"| {mb:,.0f} MB | {kind} | {ranks:,} | {expl.lines:,} | {dt:.2f} | {mb / dt:.0f} | "
+          f"{cpu:.2f} | {mb / cpu:.0f} | {peak / 2**20:.0f} "
+          f"| {', '.join(f.reason for f in expl.findings) or 'none'} |", flush=True)
+    print(f"(generation {gen_s:.1f} s; peak RSS before classifying {rss_before / 2**20:.0f} MiB; "
+          f"ranks seen {len(expl.ranks.seen):,}; notes {len(expl.notes)})", file=sys.stderr)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="1G", help="log size, e.g. 200M, 1G (default 1G)")
+    ap.add_argument("--ranks", type=int, default=RANKS, help="distinct ranks (default 8)")
+    ap.add_argument("--kind", choices=("training", "info"), default="training",
+                    help="progress lines of a training run, or NCCL INFO lines only")
+    ap.add_argument("--compare", action="store_true",
+                    help="one row each for 8 and 8,192 ranks, both kinds")
+    ap.add_argument("--dir", default=None, help="where to write the temporary log")
+    args = ap.parse_args()
+    size = parse_size(args.size)
     load = os.getloadavg()[0]
     print(f"cpu: {os.cpu_count()} cores, load average {load:.1f}; python {sys.version.split()[0]}")
-    print("| log size | lines | time (s) | MB/s | CPU s | MB per CPU s | peak RSS (MiB) "
-          "| findings |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---|")
-    print(f"| {mb:,.0f} MB | {expl.lines:,} | {dt:.2f} | {mb / dt:.0f} | {cpu:.2f} | "
-          f"{mb / cpu:.0f} | {peak / 2**20:.0f} "
-          f"| {', '.join(f.reason for f in expl.findings) or 'none'} |")
-    print(f"(generation {gen_s:.1f} s; peak RSS before classifying {rss_before / 2**20:.0f} MiB; "
-          f"stalled ranks {list(expl.ranks.stalled)})")
+    print("| log size | kind | ranks | lines | time (s) | MB/s | CPU s | MB per CPU s "
+          "| peak RSS (MiB) | findings |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    runs = ([(r, k) for k in ("info", "training") for r in (8, 8192)] if args.compare
+            else [(args.ranks, args.kind)])
+    for ranks, kind in runs:
+        measure(size, ranks, kind, args.dir)
     return 0
 
 

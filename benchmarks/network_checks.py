@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from preflight.checks import master_port, network
 from preflight.checks.base import Check
 from preflight.core.config import Config
-from preflight.core.context import Context
 from preflight.core.runner import run_checks
+from preflight.probes.node import make_context
 
 CHECKS = (Check(network.NAME, network.run, ""), Check(master_port.NAME, master_port.run, ""))
 
@@ -65,7 +65,7 @@ def main() -> None:
         times = []
         verdicts = ""
         for _ in range(args.samples):
-            ctx = Context(config=Config(), env=env)
+            ctx = make_context(Config(), env=env)
             t0 = time.perf_counter()
             report = run_checks(ctx, CHECKS)
             times.append((time.perf_counter() - t0) * 1e3)

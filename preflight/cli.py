@@ -13,16 +13,19 @@ import io
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from preflight import __version__
+from preflight.bench.method import MAX_NPROC
 from preflight.core import aborting
 from preflight.core.config import Config, ConfigError, load
-from preflight.core.context import Context, make_context
+from preflight.core.context import Context
 from preflight.core.result import ExitCode, Report, exit_code
 from preflight.core.textsafe import escape
+from preflight.probes.node import make_context
 
 log = logging.getLogger("preflight")
 
@@ -31,11 +34,16 @@ log = logging.getLogger("preflight")
 SUBCOMMAND_MODULES = (
     "preflight.commands.check",
     "preflight.commands.bench",
+    "preflight.commands.ddp",
     "preflight.commands.fingerprint",
     "preflight.commands.serve",
     "preflight.commands.explain",
     "preflight.commands.prolog",
+    "preflight.commands.epilog",
+    "preflight.commands.xid",
     "preflight.commands.cluster",
+    "preflight.commands.lint",
+    "preflight.commands.docs",
 )
 
 EPILOG = """\
@@ -43,7 +51,7 @@ exit codes: 0 ok (nothing worse than WARN), 1 a check failed (node is bad),
             2 usage or configuration error, 3 could not decide (a check errored or timed out)
 environment: PREFLIGHT_<KEY>=value overrides any config key (PREFLIGHT_EXPECT_GPUS=8);
              PREFLIGHT_CONFIG=FILE names the config file.
-docs: README.md and docs/ in the source tree."""
+docs: preflight docs lists the documentation topics; preflight docs TOPIC prints one."""
 
 
 class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -54,15 +62,59 @@ class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionH
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if "default" in text or action.default in (None, False, [], argparse.SUPPRESS):
+        if "default" in text or action.default in (None, False, [], "", argparse.SUPPRESS):
             return text
         return super()._get_help_string(action)
+
+
+def help_text(doc: str | None) -> str:
+    """A docstring as ``--help`` text: reST's ``literal`` marks and ``:role:`name``` dropped, so
+    a terminal shows the words, not the markup."""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc or "")
+    return text.replace("``", "")
+
+
+def count_arg(what: str, most: int, hint: str) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number 1..``most`` of ``what`` ("ranks"), else a one-line
+    error that ends with ``hint`` (what a sane value is)."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text, 10) if len(text) <= 20 else -1
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of {what}") from None
+        if not 1 <= n <= most:
+            raise argparse.ArgumentTypeError(f"{text!r} {what}: expected 1..{most} ({hint})")
+        return n
+
+    return parse
+
+
+#: Ranks for argparse (``bench --nproc``, ``cluster --nproc-per-node``).
+nproc_arg = count_arg("ranks", MAX_NPROC, "one rank per GPU; with gloo, a few CPU ranks suffice")
+
+
+def size_arg(text: str) -> int:
+    """An all-reduce size for argparse (``bench --min-bytes/--max-bytes``, ``cluster --size``):
+    bytes or 1024-based K/M/G, 4 bytes up to the config's own bound (bench_max_bytes)."""
+    from preflight.bench.method import parse_size
+    from preflight.core.config import RANGES
+
+    most = RANGES["bench_max_bytes"][1]
+    try:
+        size = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not 4 <= size <= most:
+        raise argparse.ArgumentTypeError(f"{text!r} is {size} bytes; expected 4 bytes .. "
+                                         f"{int(most) >> 30}G")
+    return size
 
 
 def add_config_options(p: argparse.ArgumentParser) -> None:
     """Options every node-checking command shares."""
     p.add_argument("--config", metavar="FILE",
-                   help="YAML or TOML config file (keys: see docs/configuration.md); "
+                   help="YAML or TOML config file (keys: preflight docs configuration); "
                         "default $PREFLIGHT_CONFIG, else built-in defaults")
     p.add_argument("--root", metavar="DIR", default="/",
                    help="where the host filesystem is mounted (a container mounting the host at "
@@ -140,6 +192,15 @@ def emit_report(report: Report, *, as_json: bool) -> None:
     emit(as_json=as_json, data=report.to_json, text=table)
 
 
+class PrintableFormatter(logging.Formatter):
+    """Log lines with control characters escaped: a message quotes what a job, a peer or a check
+    child wrote, and a newline in it would forge a second log line (an ESC sequence would drive
+    the terminal of whoever tails the journal). Tracebacks keep their lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return escape(super().formatMessage(record))
+
+
 def report_exit(report: Report, *, strict: bool) -> int:
     return int(exit_code(report.status, strict=strict))
 
@@ -153,8 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _prolog_usage_fail_open(argv, exc)
     if sys.stdout is None:  # started with stdout closed (>&-): fail on the first write, once
         sys.stdout = _ClosedStdout()
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="preflight: %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(PrintableFormatter("preflight: %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     try:
         # SIGTERM / SIGHUP: the workers and scratch files of the checks' threads are removed
         # before the process dies of the signal (core/aborting.py).
@@ -163,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         return code
     except ConfigError as exc:
-        print(f"preflight: configuration error: {exc}", file=sys.stderr)
+        print(f"preflight: configuration error: {escape(str(exc), 2000)}", file=sys.stderr)
         return int(ExitCode.USAGE)
     except KeyboardInterrupt:
         aborting.abort()
@@ -193,14 +255,15 @@ def _prolog_usage_fail_open(argv: Sequence[str], exc: SystemExit) -> int:
     ``--fail-closed`` is among the arguments. Other commands keep argparse's exit (2; 0 for
     --help)."""
     code = exc.code if isinstance(exc.code, int) else 2
-    commands = {"check", "bench", "fingerprint", "diff", "serve", "explain", "prolog"}
+    commands = {"check", "bench", "ddp", "fingerprint", "diff", "serve", "explain", "prolog",
+                "epilog", "xid", "cluster", "lint", "docs"}
     command = next((a for a in argv if a in commands), None)
-    if code == 0 or command != "prolog":
+    if code == 0 or command not in ("prolog", "epilog"):
         raise exc
-    if "--fail-closed" in argv:
+    if "--fail-closed" in argv and "--report-only" not in argv:
         return int(ExitCode.FAILED)
-    print("preflight prolog: usage error in the prolog's command line (above); letting the job "
-          "run (--fail-closed would drain the node)", file=sys.stderr)
+    print(f"preflight {command}: usage error in the {command}'s command line (above); letting "
+          "the job run (--fail-closed would drain the node)", file=sys.stderr)
     return int(ExitCode.OK)
 
 

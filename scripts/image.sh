@@ -38,9 +38,12 @@ fi
 echo "image.sh: base rootfs $((SECONDS - t0)) s" >&2
 
 t1=$SECONDS
-ctr=$("${b[@]}" from scratch)
-"${b[@]}" add --quiet "$ctr" "$base_tar" / >/dev/null
-"${b[@]}" commit --quiet --rm "$ctr" localhost/preflight-base:bookworm >/dev/null
+# A second target built in the same storage reuses the imported base.
+if ! "${b[@]}" inspect --type image localhost/preflight-base:bookworm >/dev/null 2>&1; then
+  ctr=$("${b[@]}" from scratch)
+  "${b[@]}" add --quiet "$ctr" "$base_tar" / >/dev/null
+  "${b[@]}" commit --quiet --rm "$ctr" localhost/preflight-base:bookworm >/dev/null
+fi
 echo "image.sh: base import $((SECONDS - t1)) s" >&2
 
 t2=$SECONDS

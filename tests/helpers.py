@@ -43,3 +43,41 @@ def cli_json(args: Sequence[str], **kwargs: Any) -> tuple[int, dict[str, Any]]:
     except json.JSONDecodeError as exc:
         raise AssertionError(f"not JSON (rc={proc.returncode}): {proc.stdout!r} "
                              f"stderr={proc.stderr!r}") from exc
+
+
+#: ``python -c PEAK_RSS_LAUNCHER OUT_FILE ARGV...`` runs ARGV as its own child (SIGTERM / SIGINT
+#: passed on) and writes that child's peak RSS in bytes to OUT_FILE; its exit code is the child's.
+#: The peak is measured one process away from pytest on purpose: Linux carries a process's
+#: high-water mark across fork (or vfork) and exec, so wait4 on a direct child of a pytest that
+#: has loaded torch reads ~500 MiB for any command.
+PEAK_RSS_LAUNCHER = """
+import os, signal, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.argv[2], sys.argv[2:])
+for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, lambda signum, frame: os.kill(pid, signum))
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write(str(usage.ru_maxrss * 1024))
+code = os.waitstatus_to_exitcode(status)
+sys.exit(code if code >= 0 else 128 - code)
+"""
+
+
+def own_peak_rss_bytes() -> int:
+    """This process's own peak RSS (VmHWM: per address space, so not the parent's)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/self/status")
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie, dead but not yet reaped, counts as gone)."""
+    try:
+        os.kill(pid, 0)
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    return state != "Z"

@@ -14,8 +14,13 @@ import os
 import stat
 from collections.abc import Iterable
 
+from preflight.probes.holders import FileId, Wanted, find_holders
+
 SHM_DIR = "/dev/shm"
 PREFIX = "nccl-"
+#: Most seconds the look for processes holding the files may take (a node has a few thousand;
+#: a scan usually takes well under one).
+HOLDERS_DEADLINE_S = 5.0
 
 
 def snapshot(directory: str = SHM_DIR) -> frozenset[str]:
@@ -27,23 +32,41 @@ def snapshot(directory: str = SHM_DIR) -> frozenset[str]:
 
 
 def remove_orphans(before: Iterable[str], *, directory: str = SHM_DIR,
-                   uid: int | None = None, proc: str = "/proc") -> tuple[str, ...]:
+                   uid: int | None = None, proc: str = "/proc",
+                   deadline_s: float = HOLDERS_DEADLINE_S) -> tuple[str, ...]:
     """Remove the NCCL files that appeared in ``directory`` since ``before``, are regular files of
     ``uid`` (default: this process's effective uid) and that no process has open or mapped;
-    return their paths. Never raises."""
+    return their paths. Never raises.
+
+    Holders are found by the files' device and inode (:func:`preflight.probes.holders.
+    find_holders`), so a process in another mount namespace counts too. A process that cannot
+    be inspected (another user's, without root) is not waited for: the files are this user's.
+    When the processes could not all be looked at (``proc`` unreadable, ``deadline_s`` spent),
+    nothing is removed.
+    """
     new = snapshot(directory) - frozenset(before)
     if not new:
         return ()
     owner = os.geteuid() if uid is None else uid
-    busy = _in_use(directory, proc)
-    removed = []
+    candidates: dict[str, FileId] = {}
     for name in sorted(new):
         path = os.path.join(directory, name)
         try:
             st = os.lstat(path)
         except OSError:
             continue
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != owner or path in busy:
+        if stat.S_ISREG(st.st_mode) and st.st_uid == owner:
+            candidates[path] = FileId.of(st)
+    if not candidates:
+        return ()
+    scan = find_holders(proc, Wanted(files=frozenset(candidates.values())),
+                        deadline_s=deadline_s)
+    if not scan.complete:
+        return ()
+    held = scan.held()
+    removed = []
+    for path, file in candidates.items():
+        if file in held or not _same_file(path, file):
             continue
         try:
             os.unlink(path)
@@ -53,33 +76,9 @@ def remove_orphans(before: Iterable[str], *, directory: str = SHM_DIR,
     return tuple(removed)
 
 
-def _in_use(directory: str, proc: str) -> set[str]:
-    """Paths under ``directory`` that a process we can inspect has open (fd) or mapped (maps)."""
-    prefix = directory.rstrip("/") + "/"
-    used: set[str] = set()
+def _same_file(path: str, file: FileId) -> bool:
+    """``path`` still names ``file`` (not a new file of the same name made since the scan)."""
     try:
-        pids = [p for p in os.listdir(proc) if p.isdigit()]
+        return FileId.of(os.lstat(path)) == file
     except OSError:
-        return used
-    for pid in pids:
-        base = os.path.join(proc, pid)
-        try:
-            with open(os.path.join(base, "maps"), encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    at = line.find(prefix)
-                    if at >= 0:
-                        used.add(line[at:].rstrip("\n").removesuffix(" (deleted)"))
-        except OSError:
-            pass
-        try:
-            fds = os.listdir(os.path.join(base, "fd"))
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(os.path.join(base, "fd", fd))
-            except OSError:
-                continue
-            if target.startswith(prefix):
-                used.add(target)
-    return used
+        return False

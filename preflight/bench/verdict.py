@@ -16,18 +16,19 @@ from typing import Any
 
 from preflight.bench import method
 from preflight.bench.nccl_debug import summarize
-from preflight.bench.parent import PHASE_TIMES, RunRecord
+from preflight.bench.options import PHASE_TIMES, RunRecord
 from preflight.core.result import Status
 from preflight.core.units import fmt_bytes
 from preflight.probes.gpu import Gpu
 
 REMEDY_STALL = ("Look for Xid errors (dmesg | grep -i xid) and a GPU that does not answer "
-                "(nvidia-smi -q -i <index>) on the named GPU; rerun with --debug to keep "
+                "(nvidia-smi -q -i <index>) on the named GPU; preflight bench --debug keeps "
                 "NCCL_DEBUG=INFO output; if it repeats, drain the node.")
 REMEDY_SLOW = ("Check that every NVLink is up (nvidia-smi nvlink --status), that the PCIe links "
                "run at full generation and width (nvidia-smi -q | grep -A3 'Link Width'), that "
-               "NCCL_P2P_DISABLE / NCCL_SHM_DISABLE are unset, and rerun with --debug to see the "
+               "NCCL_P2P_DISABLE / NCCL_SHM_DISABLE are unset; preflight bench --debug shows the "
                "transport NCCL chose.")
+KEEP_LOGS = " preflight bench --debug keeps the workers' logs."
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,8 @@ class BenchResult:
     first_allreduce_s: float | None = None
     #: NCCL files the workers left in /dev/shm, removed after the run (bench/leftovers.py)
     shm_removed: tuple[str, ...] = ()
+    #: the workers' interpreter and what it loaded, from where (torch, nccl4py, libnccl.so.2)
+    environment: dict[str, Any] = field(default_factory=dict)
 
     def details(self) -> dict[str, Any]:
         """Flat facts for a check Result and metrics."""
@@ -108,7 +111,7 @@ class BenchResult:
                 "phase_times_s": {k: round(v, 4) for k, v in self.phase_times_s.items()},
                 "first_allreduce_s": (round(self.first_allreduce_s, 4)
                                       if self.first_allreduce_s is not None else None),
-                "shm_removed": list(self.shm_removed)}
+                "shm_removed": list(self.shm_removed), "environment": self.environment}
 
 
 def rows_of(record: RunRecord) -> list[Row]:
@@ -143,10 +146,14 @@ def _wrong_sum(record: RunRecord, rows: Sequence[Row]) -> str | None:
 
 
 def phase_times(record: RunRecord) -> dict[str, float]:
-    """Per phase, the slowest rank's seconds (the run waits for it), in the order they happen."""
+    """Per phase, the slowest rank's seconds (the run waits for it), in the order they happen;
+    ``speed``: the speed step the same workers ran first."""
     out: dict[str, float] = {}
+    per_rank = [{**st.start_times, **st.allreduce_times,
+                 **({"speed": sum(st.speed_times.values())} if st.speed_times else {})}
+                for st in record.ranks]
     for name in PHASE_TIMES:
-        values = [st.phase_times[name] for st in record.ranks if name in st.phase_times]
+        values = [times[name] for times in per_rank if name in times]
         if values:
             out[name] = max(values)
     if record.teardown_s is not None:
@@ -163,7 +170,12 @@ def _shm_note(record: RunRecord) -> tuple[str, ...]:
 
 def _run_facts(record: RunRecord) -> dict[str, Any]:
     first = [st.first_allreduce_s for st in record.ranks if st.first_allreduce_s is not None]
-    return dict(phase_times_s=phase_times(record),
+    loaded = next((st.loaded for st in record.ranks if st.loaded), {})
+    environment = {"python": record.options.python, **loaded}
+    nccl = next((st.nccl_version for st in record.ranks if st.nccl_version), None)
+    if isinstance(environment.get("libnccl"), dict) and nccl:
+        environment["libnccl"] = {**environment["libnccl"], "version": nccl}
+    return dict(phase_times_s=phase_times(record), environment=environment,
                 engine=next((st.engine for st in record.ranks if st.engine), None),
                 nccl_version=next((st.nccl_version for st in record.ranks if st.nccl_version),
                                   None),
@@ -192,7 +204,7 @@ def judge(record: RunRecord, *, gpus: Sequence[Gpu] = (),
         debug_log=debug_log, nccl=nccl_info.to_json() if nccl_info else None,
         elapsed_s=record.elapsed_s, notes=tuple(notes) + _shm_note(record), **_run_facts(record))
     nccl_text = f" NCCL chose: {nccl_info.text()}." if nccl_info else ""
-    log_text = f" Worker logs: {debug_log}" if debug_log else " Rerun with --debug to keep logs."
+    log_text = f" Worker logs: {debug_log}" if debug_log else KEEP_LOGS
 
     f = record.failure
     if f is not None:
@@ -204,27 +216,33 @@ def judge(record: RunRecord, *, gpus: Sequence[Gpu] = (),
             return BenchResult(**base, status=Status.ERROR, reason="WorkerStartSlow",
                                message=f.message + "; nothing ran on the GPUs yet.",
                                remedy=f"The workers' interpreter ({opts.python}) took longer "
-                                      "than the spawn deadline to start and import its packages:"
-                                      " raise --timeout (spawn may take half of it, at most "
+                                      "than the start-up deadline to start and import its "
+                                      "packages: raise bench_timeout_s (preflight bench "
+                                      "--timeout S; the start-up may take half of it, at most "
                                       "60 s), or look at the filesystem the environment lives on "
                                       "(a cold NFS cache)." + log_text,
                                stalled_ranks=f.ranks)
         if f.kind == "timeout":
             return BenchResult(**base, status=Status.ERROR, reason="BenchTimeout",
                                message=f.message + ".",
-                               remedy="Raise --timeout, or lower --max-bytes." + log_text,
+                               remedy="Raise bench_timeout_s (preflight bench --timeout S), or "
+                                      "lower bench_max_bytes (preflight bench --max-bytes B)."
+                                      + log_text,
                                stalled_ranks=f.ranks)
         tb = ""
         for st in record.ranks:
             if st.rank in f.ranks and st.traceback:
                 tb = " Last output: " + st.traceback.strip().splitlines()[-1][-300:]
                 break
+        if f.kind == "engine":
+            return BenchResult(**base, status=Status.ERROR, reason="EngineMissing",
+                               message=f.message + ".",
+                               remedy="Point --python (config key python) at the training "
+                                      "environment's interpreter, or install torch (or nccl4py: "
+                                      "pip install nccl4py cuda-bindings) in that environment.",
+                               stalled_ranks=f.ranks)
         reason = {"died": "WorkerDied", "spawn": "WorkerSpawnFailed"}.get(f.kind, "WorkerFailed")
-        missing_torch = "No module named 'torch'" in f.message
-        remedy = (f"The workers ran {record.options.python}, which has no torch: point "
-                  "--python (config key python) at the training environment's interpreter, or "
-                  "install torch there." if missing_torch else
-                  "See the named rank's error; a rank killed by SIGKILL is often the OOM killer "
+        remedy = ("See the named rank's error; a rank killed by SIGKILL is often the OOM killer "
                   "(dmesg | grep -i oom)." + log_text)
         return BenchResult(**base, status=Status.ERROR, reason=reason,
                            message=f.message + "." + (tb if f.kind != "error" else "") + nccl_text,
@@ -302,7 +320,8 @@ def judge(record: RunRecord, *, gpus: Sequence[Gpu] = (),
         return BenchResult(**base, **extra, status=Status.WARN, reason="BusbwUnjudged",
                            message=f"{at}; {expected} at >= {fmt_bytes(method.REFERENCE_MIN_BYTES)}"
                                    f"; the largest size was too small to judge{link_text}.",
-                           remedy="Rerun with --max-bytes 1G (or more) to judge the node.")
+                           remedy="Judge it at 1 GiB or more: preflight bench --max-bytes 1G, "
+                                  "or bench_max_bytes (config) for the allreduce check.")
     return BenchResult(**base, **extra, status=Status.FAIL, reason="BusbwLow",
                        message=f"{at}; {expected}{link_text}.{nccl_text}", remedy=REMEDY_SLOW)
 
@@ -331,4 +350,21 @@ def render_table(result: BenchResult) -> str:
             f"{k} {v:.3f}" for k, v in result.phase_times_s.items())
             + (f"; engine {result.engine}" if result.engine else "")
             + (f", NCCL {result.nccl_version}" if result.nccl_version else ""))
+    if result.environment.get("python"):
+        lines.append(f"# environment: {environment_text(result.environment)}")
     return "\n".join(lines)
+
+
+def environment_text(env: dict[str, Any]) -> str:
+    """"python /venv/bin/python 3.12.3; torch 2.11.0 (/venv/.../torch/__init__.py); libnccl
+    2.28.9 (/venv/.../libnccl.so.2)": what a worker imported and loaded, from where."""
+    parts = [f"python {env.get('python')}" + (f" {env['python_version']}"
+                                              if env.get("python_version") else "")]
+    for key, word in (("torch", "torch"), ("nccl4py", "nccl4py"),
+                      ("cuda_bindings", "cuda-bindings"), ("libnccl", "libnccl"),
+                      ("libcublas", "libcublas")):
+        item = env.get(key)
+        if isinstance(item, dict) and item.get("path"):
+            version = f" {item['version']}" if item.get("version") else ""
+            parts.append(f"{word}{version} ({item['path']})")
+    return "; ".join(parts)

@@ -17,7 +17,11 @@ from preflight.checks import (
     versions,
     xid,
 )
-from preflight.checks.base import Check
+from preflight.core.check import Check
+
+#: The tests that load the GPUs run one after the other (each would disturb the other's figures),
+#: in this order: one worker per GPU measures it, then joins the all-reduce.
+GPU_SERIAL = "gpu"
 
 CHECKS: tuple[Check, ...] = (
     Check(gpu_visible.NAME, gpu_visible.run, "NVML sees the expected GPUs, each healthy"),
@@ -31,10 +35,12 @@ CHECKS: tuple[Check, ...] = (
     Check(nccl_env.NAME, nccl_env.run, "no NCCL_* / TORCH_NCCL_* setting that silently hurts"),
     Check(memlock.NAME, memlock.run, "with RDMA ports: locked-memory limit unlimited for NCCL"),
     Check(versions.NAME, versions.run, "environment fingerprint; equal to the golden one if given"),
-    Check(allreduce.NAME, allreduce.run, "timed NCCL all-reduce: busbw, exact sum, no hang",
-          timeout_s=allreduce.timeout_s),
     Check(gpu_speed.NAME, gpu_speed.run, "per-GPU copy and matmul speed vs limits and peers",
-          timeout_s=gpu_speed.timeout_s),
+          timeout_s=gpu_speed.timeout_s, timeout_key="gpu_speed_timeout_s", serial=GPU_SERIAL,
+          prepare=gpu_speed.prepare),
+    Check(allreduce.NAME, allreduce.run, "timed NCCL all-reduce: busbw, exact sum, no hang",
+          timeout_s=allreduce.timeout_s, timeout_key="bench_timeout_s", serial=GPU_SERIAL,
+          prepare=allreduce.prepare),
 )
 
 #: The checks that load the GPUs (skipped by --no-bandwidth, run by the prolog only with

@@ -1,20 +1,8 @@
-"""What a check is to the runner: a name, a function from Context to Result, a summary line."""
+"""What a check is: :class:`preflight.core.check.Check`, the runner's type (kept here for the
+checks that import it from this module)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from preflight.core.check import Check
 
-from preflight.core.context import Context
-from preflight.core.result import Result
-
-
-@dataclass(frozen=True)
-class Check:
-    """One check: its name (module name, metric label), its function, and its own deadline if it
-    needs longer than ``Config.check_timeout_s`` (the bandwidth test)."""
-
-    name: str
-    run: Callable[[Context], Result]
-    summary: str
-    timeout_s: Callable[[Context], float] | None = None
+__all__ = ["Check"]

@@ -32,6 +32,7 @@ from typing import Any
 from preflight.core.context import Context, activity
 from preflight.core.result import Finding, Result, Scope, Status, fold
 from preflight.jobenv import cuda_visible
+from preflight.jobenv.launcher import env_int
 from preflight.probes.gpu import GpuSnapshot
 
 NAME = "cuda_devices"
@@ -87,7 +88,7 @@ def _suggest(parsed: cuda_visible.Parsed, snap: GpuSnapshot, skip: cuda_visible.
     if not keep:
         return ""
     value = ",".join(keep)
-    res = cuda_visible.resolve(cuda_visible.parse(value), snap, device_order=order,
+    res = cuda_visible.resolve_devices(cuda_visible.parse(value), snap, device_order=order,
                                physical_indices=physical)
     if res.stop or res.duplicate or not res.devices:
         return ""
@@ -156,7 +157,7 @@ def run(ctx: Context) -> Result:
                       "(gpu_visible judges the GPU count)", details=details)
 
     order = order_raw if order_raw in (cuda_visible.ORDER_PCI, cuda_visible.ORDER_FASTEST) else None
-    res = cuda_visible.resolve(parsed, snap, device_order=order, physical_indices=prolog)
+    res = cuda_visible.resolve_devices(parsed, snap, device_order=order, physical_indices=prolog)
     details["visible"] = [d.to_json() for d in res.devices]
     details["visible_count"] = len(res.devices)
     details["device_order"] = res.order
@@ -235,7 +236,7 @@ def run(ctx: Context) -> Result:
             "Disable MIG for multi-GPU training (nvidia-smi -i N -mig 0) or select one MIG "
             "device by UUID"))
 
-    local_rank, local_ws = ctx.env_int("LOCAL_RANK"), ctx.env_int("LOCAL_WORLD_SIZE")
+    local_rank, local_ws = env_int(ctx.env, "LOCAL_RANK"), env_int(ctx.env, "LOCAL_WORLD_SIZE")
     details["local_rank"], details["local_world_size"] = local_rank, local_ws
     n = len(res.devices)
     if not prolog and not parsed.empty and res.duplicate is None:

@@ -30,8 +30,8 @@ from typing import Any
 
 from preflight.core.context import Context, activity
 from preflight.core.result import Finding, Result, Scope, Status, fold
-from preflight.jobenv.netvars import IbPort, nccl_flag, select_ib
-from preflight.probes.ib import PortInfo
+from preflight.jobenv.netvars import nccl_flag, select_ib
+from preflight.probes.ib import IbPort, PortInfo
 from preflight.probes.ibparse import LINK_COUNTERS, gid_is_empty, parse_rate, roce_version
 
 NAME = "fabric"

@@ -13,8 +13,9 @@ degraded PCIe link or with a bad HBM stack passes every NVML health counter and 
 collective (docs/gpu-speed.md; DCGM's level-3 diagnostic finds it in about 15 minutes).
 
 When: on by default; SKIP without NVML, when a compute process uses a GPU (never load a running
-job's GPUs), or when neither engine imports. Runs after the all-reduce, never with it (each would
-measure the other). ``--no-bandwidth`` skips it with the all-reduce.
+job's GPUs), or when no engine runs in the workers' interpreter. Runs before the all-reduce,
+never beside it (each would disturb the other's figures); with both selected the same workers
+go on into the all-reduce. ``--no-bandwidth`` skips it with the all-reduce.
 
 Knobs: ``gpu_speed_slow_fraction`` (0.8), ``gpu_speed_warn_fraction`` (0.5),
 ``gpu_speed_timeout_s`` (30 s), ``gpu_speed_engine`` (auto), ``python`` (the workers'
@@ -31,10 +32,15 @@ DEADLINE_MARGIN_S = 10.0
 
 
 def timeout_s(ctx: Context) -> float:
-    """Its own deadline plus the all-reduce's, which it may wait for (one GPU test at a time)."""
-    from preflight.checks.allreduce import timeout_s as allreduce_timeout_s
+    """The speed test's own deadline, plus time to kill and judge."""
+    return ctx.config.gpu_speed_timeout_s + DEADLINE_MARGIN_S
 
-    return ctx.config.gpu_speed_timeout_s + DEADLINE_MARGIN_S + allreduce_timeout_s(ctx)
+
+def prepare(ctx: Context) -> None:
+    """Start the workers now: their start overlaps NVML and the all-reduce's planning."""
+    from preflight.gpuspeed import prestart
+
+    prestart(ctx)
 
 
 def run(ctx: Context) -> Result:

@@ -9,6 +9,9 @@ Verifies:
   (those physical indices must exist), else >= 1 (``LOCAL_WORLD_SIZE`` against the GPUs is the
   job's setting: ``cuda_devices`` judges it against what CUDA will expose);
 - every NVIDIA GPU on the PCI bus is enumerated by NVML (one missing has fallen off the bus);
+- NVML answers in time: a driver known to be initialised that does not answer within
+  ``gpu_probe_timeout_s`` is a node fault (``NvmlNotAnswering``); without that knowledge a slow
+  first initialisation is undecided (ERROR);
 - per GPU: answers at all, no pending row remap or remap failure, no uncorrectable volatile ECC
   error, compute mode not PROHIBITED (no CUDA context possible), no hardware slowdown, PCIe link
   at its maximum width (and generation: WARN only, since an idle GPU lowers its link generation
@@ -154,6 +157,13 @@ def run(ctx: Context) -> Result:
     if ctx.config.expect_gpus == 0:
         return Result(NAME, Status.SKIP, "NoGpuExpected", "expect_gpus is 0: CPU-only node")
     snap = ctx.gpus()
+    if snap.unanswered == "hung":
+        return Result(NAME, Status.FAIL, "NvmlNotAnswering", snap.error or "NVML did not answer",
+                      "Drain the node: the driver does not answer (as a hung nvidia-smi). Look "
+                      "for Xid and NVRM lines in `dmesg`, then reset the GPUs (nvidia-smi -r) or "
+                      "reboot the node.", details={"pci_gpus": len(snap.pci_gpu_bus_ids)})
+    if snap.unanswered is not None:
+        raise TimeoutError(snap.error or "NVML did not answer")
     if not snap.available:
         return Result(NAME, Status.FAIL, "NvmlUnavailable", snap.error or "NVML not available",
                       "Install or load the NVIDIA driver (nvidia-smi must work); in a container "

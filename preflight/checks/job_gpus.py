@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from preflight.core.context import Context
-from preflight.jobenv.launcher import slurm_job_gpus
+from preflight.jobenv.launcher import env_int, slurm_job_gpus
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ def expected_gpus(ctx: Context) -> ExpectedGpus:
     slurm = slurm_job_gpus(ctx.env)
     if slurm:
         return ExpectedGpus(len(slurm), "SLURM_JOB_GPUS", tuple(slurm))
-    lws = ctx.env_int("LOCAL_WORLD_SIZE")
+    lws = env_int(ctx.env, "LOCAL_WORLD_SIZE")
     if lws is not None and lws > 0:
         return ExpectedGpus(lws, "LOCAL_WORLD_SIZE")
     return ExpectedGpus(None, "")

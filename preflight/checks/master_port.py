@@ -28,6 +28,7 @@ from typing import Any
 
 from preflight.core.context import Context, activity
 from preflight.core.result import Result, Scope, Status
+from preflight.jobenv.launcher import env_int
 from preflight.jobenv.netvars import ParseError, parse_master_addr, parse_master_port
 
 NAME = "master_port"
@@ -107,7 +108,7 @@ def run(ctx: Context) -> Result:
                       scope=Scope.JOB)
     details["port"] = port
     port_note = "" if raw_port is not None else " (MASTER_PORT unset: torchrun's default)"
-    rank = ctx.env_int("RANK")
+    rank = env_int(ctx.env, "RANK")
 
     if raw_addr is None:
         # torchrun's default --master-addr is 127.0.0.1: a single-node job on this node.
@@ -124,7 +125,7 @@ def run(ctx: Context) -> Result:
                       "export MASTER_ADDR=<rank 0's hostname or IP, as every node resolves it>",
                       details=details, scope=Scope.JOB)
     try:
-        addrs = ctx.resolve(master.host)
+        addrs = ctx.resolve_host(master.host)
     except socket.gaierror as exc:
         return Result(NAME, Status.FAIL, "MasterAddrUnresolved",
                       f"MASTER_ADDR={raw_addr!r} does not resolve on this node "

@@ -17,8 +17,11 @@ loopback or docker*, when MASTER_ADDR is invalid/unresolvable/loopback, when no 
 when the bootstrap interface cannot reach it, or when a GLOO_SOCKET_IFNAME entry has no address.
 WARN when it works over another interface than the route's (management instead of data NIC),
 on blanks or a one-character value, NCCL_COMM_ID, an ignored NCCL_SOCKET_FAMILY, an NCCL_IB_HCA
-that matches no ACTIVE port or is an ambiguous prefix. Reachability of a non-route interface means:
-MASTER_ADDR lies on its subnet, or it carries a default route (policy routing is not modelled).
+that matches no ACTIVE port or is an ambiguous prefix, and (``NcclSocketFallback``) a multi-node
+job whose NCCL will fall back to TCP sockets because no RDMA port is ACTIVE: the ports themselves
+are the ``fabric`` check's (``IbNoActivePort``), so one cause is one node fault. Reachability of
+a non-route interface means: MASTER_ADDR lies on its subnet, or it carries a default route (policy
+routing is not modelled).
 
 Knobs: ``multi_node`` (``--multi-node``, default False) judges the route even when WORLD_SIZE,
 LOCAL_WORLD_SIZE and SLURM_JOB_NUM_NODES do not say the job spans nodes.
@@ -32,6 +35,7 @@ from typing import Any
 
 from preflight.core.context import Context
 from preflight.core.result import Finding, Result, Scope, Status, fold
+from preflight.jobenv.launcher import env_int
 from preflight.jobenv.netvars import (
     IbSelection,
     ParseError,
@@ -52,9 +56,9 @@ NAME = "network"
 
 
 def multi_node(ctx: Context) -> tuple[bool, str]:
-    return is_multi_node(world_size=ctx.env_int("WORLD_SIZE"),
-                         local_world_size=ctx.env_int("LOCAL_WORLD_SIZE"),
-                         slurm_nodes=ctx.env_int("SLURM_JOB_NUM_NODES"),
+    return is_multi_node(world_size=env_int(ctx.env, "WORLD_SIZE"),
+                         local_world_size=env_int(ctx.env, "LOCAL_WORLD_SIZE"),
+                         slurm_nodes=env_int(ctx.env, "SLURM_JOB_NUM_NODES"),
                          forced=ctx.config.multi_node)
 
 
@@ -135,13 +139,15 @@ def _ib(ctx: Context, ib: IbSnapshot, multi: bool, f: list[Finding],
         sel = select_ib(ib.ports, None)
         details["ib_selected"] = [p.label for p in sel.active]
         if ib.present and ib.ports and not sel.active and multi and not disabled:
+            # What NCCL will select is this check's; the ports themselves are fabric's
+            # (IbNoActivePort there), so one cause has one reason.
             f.append(Finding(
-                Status.WARN, "IbNoActivePort",
-                f"{len(ib.ports)} RDMA port(s) in {ib.path}, none ACTIVE "
-                f"({', '.join(details['ib_ports'])}); NCCL falls back to TCP sockets "
-                "(roughly 10x slower across nodes).",
-                "Check the cables and the subnet manager: ibstat shows State: Active when "
-                "a port is usable."))
+                Status.WARN, "NcclSocketFallback",
+                f"NCCL will run between nodes over TCP sockets (roughly 10x slower): none of "
+                f"the {len(ib.ports)} RDMA port(s) in {ib.path} is ACTIVE "
+                f"({', '.join(details['ib_ports'])}); the fabric check judges the ports.",
+                "See the fabric check's verdict for the ports (preflight check --only fabric); "
+                "ibstat shows State: Active when a port is usable."))
         return
     if not ib.present:
         f.append(Finding(
@@ -237,7 +243,7 @@ def _route(ctx: Context, snap: NetSnapshot, sel: Selection, *, bootstrap: tuple[
     # A MASTER_ADDR that is malformed or does not resolve is master_port's to report (one fault,
     # one owner); here it only means the route cannot be judged.
     try:
-        addrs = ctx.resolve(parse_master_addr(raw).host)
+        addrs = ctx.resolve_host(parse_master_addr(raw).host)
     except (ParseError, socket.gaierror):
         addrs = ()
     if not addrs:

@@ -15,13 +15,13 @@ Verdicts:
     PASS ``VersionsMatch`` (golden given, same) / ``VersionsRecorded`` (no golden) with a summary
     (torch X, CUDA Y, NCCL Z, driver D).
     FAIL ``VersionsDiffer``: differences from golden, with a pip command to converge.
-    FAIL ``PythonMissing`` / ``PythonBroken``: the training interpreter (``--python``) does not
-    exist or does not start on this node; a job would fail the same way.
     WARN ``HashPathProblem`` (no golden): a ``hash_paths`` entry is missing, unreadable or too big.
-    ERROR ``GoldenUnreadable``: the golden file cannot be read or is not a fingerprint. This is an
-    operator's configuration mistake, identical on every node: FAIL would drain every node for it,
-    while ERROR says "could not decide" (exit 3) and names the file. ``preflight fingerprint
-    --json > FILE`` on a good node makes a valid one.
+    A ``--python`` that does not exist or is not an interpreter (``/bin/false``, a directory) and
+    a golden file that cannot be read or is not a fingerprint are the operator's configuration
+    mistakes, the same on every node: :func:`check_targets` finds them before any check runs, and
+    ``check`` exits 2 (``prolog`` logs them and lets the job run), never a drain. Should one
+    appear only once the checks run (the venv unmounted meanwhile), it is ERROR
+    ``PythonMissing`` / ``PythonBroken`` / ``GoldenUnreadable``: undecided, never a FAIL.
     A timeout of the target interpreter raises, so the runner reports ERROR (could not tell).
 
 Knobs: ``golden`` (None), ``python`` (None = this interpreter), ``watched_packages`` (torch, numpy,
@@ -34,22 +34,76 @@ The fingerprint goes into ``details["fingerprint"]`` (the runner lifts it into
 
 from __future__ import annotations
 
+import os
 import shlex
+from collections.abc import Collection
 from typing import Any
 
+from preflight.core.config import Config, ConfigError
 from preflight.core.context import Context
-from preflight.core.result import Result, Status
+from preflight.core.procgroup import GroupTimeout, run_in_group
+from preflight.core.result import Result, Scope, Status
 from preflight.probes import fingerprint as fpmod
 from preflight.probes.pyenv import PyEnvError
 
 NAME = "versions"
 #: Differences quoted in the message; the rest are in details.
 MAX_LISTED = 8
+#: The checks that run the training interpreter (``python``): this one and the GPU workers.
+PYTHON_USERS = (NAME, "allreduce", "gpu_speed")
+
+
+def check_targets(config: Config, checks: Collection[str], *, timeout_s: float) -> None:
+    """Refuse a golden file or a training interpreter that cannot be used, before any check runs.
+
+    The golden file must be a readable fingerprint (``golden``, when ``versions`` runs); the
+    interpreter (``python``, when a check of :data:`PYTHON_USERS` runs) must exist, be a file
+    and run ``-I -c 'import sys'`` to exit 0 (``/bin/false`` does not). One that does not answer
+    within ``timeout_s`` is left to the check (a slow shared filesystem is the node's state, not
+    a typo); one that runs but describes no environment is the check's ``PythonBroken``.
+
+    Raises:
+        ConfigError: the message names the key, the path and what is wrong with it.
+    """
+    if config.golden and NAME in checks:
+        try:
+            fpmod.load(config.golden)
+        except fpmod.FingerprintError as exc:
+            raise ConfigError(f"golden {config.golden}: {exc} (make one on a known-good node: "
+                              f"preflight fingerprint --json > {shlex.quote(config.golden)})"
+                              ) from None
+    if config.python and any(c in checks for c in PYTHON_USERS):
+        problem = _interpreter_problem(config.python, timeout_s=timeout_s)
+        if problem:
+            raise ConfigError(f"python {config.python}: {problem}")
+
+
+def _interpreter_problem(python: str, *, timeout_s: float) -> str | None:
+    if os.path.isdir(python):
+        return "is a directory, not an interpreter (name its bin/python)"
+    try:
+        proc = run_in_group([python, "-I", "-c", "import sys"], timeout_s=timeout_s)
+    except GroupTimeout:
+        return None
+    except FileNotFoundError:
+        return "no such file (a shared venv not mounted on this node looks like this)"
+    except PermissionError:
+        return "not executable"
+    except OSError as exc:
+        return f"cannot be run: {exc.strerror or exc}"
+    if proc.returncode != 0:
+        err = proc.stderr.decode(errors="replace").strip().splitlines()
+        return (f"is not a working Python interpreter (`{python} -I -c 'import sys'` exit "
+                f"{proc.returncode}{': ' + err[-1][:200] if err else ''})")
+    return None
 
 
 def fingerprint_of(ctx: Context) -> dict[str, Any]:
     """This run's fingerprint, gathered once and shared (the check, the report, the metrics)."""
-    return ctx.cached("fingerprint", lambda: fpmod.gather(ctx))
+    cfg = ctx.config
+    return ctx.cached("fingerprint", lambda: fpmod.gather(
+        python=cfg.python, watched=cfg.watched_packages, hash_paths=cfg.hash_paths, env=ctx.env,
+        timeout_s=min(fpmod.PYENV_TIMEOUT_S, 0.8 * cfg.check_timeout_s), gpus=ctx.gpus))
 
 
 def _remedy(diffs: list[fpmod.Difference], python: str | None) -> str:
@@ -75,16 +129,18 @@ def run(ctx: Context) -> Result:
         fp = fingerprint_of(ctx)
     except PyEnvError as exc:
         if exc.kind == "timeout":
-            raise
+            # The interpreter did not answer in time (a hung shared filesystem): the runner's
+            # ProbeTimeout, not a crash of preflight's.
+            raise TimeoutError(str(exc)) from exc
         missing = exc.kind == "missing"
         return Result(
-            NAME, Status.FAIL, "PythonMissing" if missing else "PythonBroken",
+            NAME, Status.ERROR, "PythonMissing" if missing else "PythonBroken",
             f"training interpreter: {exc}",
             f"Install or mount the training environment at {cfg.python} on this node (a shared "
             "venv that is not mounted looks like this), or fix the python key / --python."
             if missing else f"Run {cfg.python} -c 'import sys' on this node and repair what it "
             "prints; a job launched with it would fail the same way.",
-            details={"python": cfg.python})
+            details={"python": cfg.python}, scope=Scope.UNDECIDED)
 
     details: dict[str, Any] = {"sha256": fp["sha256"], "fingerprint": fp}
     summary = fpmod.summary(fp)
@@ -97,7 +153,7 @@ def run(ctx: Context) -> Result:
                           f"cannot compare with the golden fingerprint: {exc}",
                           f"Fix the golden key / --golden: make the file on a known-good node "
                           f"with: preflight fingerprint --json > {shlex.quote(cfg.golden)}",
-                          details=details)
+                          details=details, scope=Scope.UNDECIDED)
         diffs = fpmod.diff(fp, golden)
         if diffs:
             details["differences"] = [d.to_json() for d in diffs]

@@ -11,7 +11,12 @@ Source: ``/dev/kmsg`` under ``--root``, else ``journalctl -k -b 0`` (``preflight
 both with a deadline. Each Xid names the GPU by PCI address; NVML's bus ids map it to an index.
 An unreadable kernel log is a WARN (the hardened systemd unit hides it: docs/daemon.md).
 
-Knobs: ``xid_since_s`` (default None = since boot).
+Xids that stay fixed: an Xid logged before the GPU was reset through ``preflight xid --reset``,
+or before ``preflight xid --ack [--gpu BUSID]`` (records per boot in ``state_dir``,
+:mod:`preflight.core.xidacks`), is reported as acknowledged and does not fail; a new Xid after
+the record fails again.
+
+Knobs: ``xid_since_s`` (default None = since boot), ``state_dir`` (the acknowledgements).
 """
 
 from __future__ import annotations
@@ -20,8 +25,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from preflight.core import xidacks
 from preflight.core.context import Context, activity
 from preflight.core.result import Result, Status
+from preflight.core.state import StateError
+from preflight.core.xidacks import Ack, covering
 from preflight.probes.kernlog import XidClass, XidEvent, gpu_key, scan
 
 NAME = "xid"
@@ -34,7 +42,8 @@ CATALOGUE = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.htm
 
 @dataclass(frozen=True)
 class XidCount:
-    """How often one GPU logged one Xid code, and the last time."""
+    """How often one GPU logged one Xid code, and the last time. ``acknowledged`` of ``count``
+    were logged before a reset or an acknowledgement (``ack`` says which, the newest)."""
 
     gpu: str
     bus_id: str
@@ -42,25 +51,37 @@ class XidCount:
     count: int
     last_uptime_s: float | None
     last_detail: str
+    acknowledged: int = 0
+    ack: str = ""
+
+    @property
+    def active(self) -> int:
+        """The Xids that still count: logged after the last acknowledgement."""
+        return self.count - self.acknowledged
 
     def to_json(self) -> dict[str, Any]:
         info = XidEvent(self.bus_id, self.code, "").info
         return {"gpu": self.gpu, "bus_id": self.bus_id, "xid": self.code, "count": self.count,
                 "class": info.cls.value, "what": info.what, "action": info.action,
-                "last_uptime_s": self.last_uptime_s, "last_detail": self.last_detail}
+                "last_uptime_s": self.last_uptime_s, "last_detail": self.last_detail,
+                "acknowledged": self.acknowledged, "ack": self.ack or None}
 
 
-def count(events: Sequence[XidEvent], gpu_of: Mapping[str, int]) -> list[XidCount]:
+def count(events: Sequence[XidEvent], gpu_of: Mapping[str, int],
+          acks: Sequence[Ack] = ()) -> list[XidCount]:
     """Events grouped by (GPU, code) in order of first appearance; ``gpu`` is the NVML index
-    when the bus id maps to one, else the bus id (a GPU that fell off the bus is not in NVML)."""
+    when the bus id maps to one, else the bus id (a GPU that fell off the bus is not in NVML).
+    An event covered by one of ``acks`` counts as acknowledged."""
     groups: dict[tuple[str, int], list[XidEvent]] = {}
     for ev in events:
         groups.setdefault((ev.bus_id, ev.code), []).append(ev)
     out = []
     for (bus, code), evs in groups.items():
         index = gpu_of.get(bus)
+        covered = [a for a in (covering(acks, bus, ev.uptime_s) for ev in evs) if a is not None]
+        newest = max(covered, key=lambda a: a.uptime_s).describe() if covered else ""
         out.append(XidCount(str(index) if index is not None else bus, bus, code, len(evs),
-                            evs[-1].uptime_s, evs[-1].detail))
+                            evs[-1].uptime_s, evs[-1].detail, len(covered), newest))
     return out
 
 
@@ -88,15 +109,22 @@ def judge(counts: Sequence[XidCount], *, span: str, source: str) -> Result:
                                "xids": [c.to_json() for c in counts]}
     by_class: dict[XidClass, list[XidCount]] = {}
     for c in counts:
-        by_class.setdefault(XidEvent(c.bus_id, c.code, "").info.cls, []).append(c)
+        if c.active:
+            by_class.setdefault(XidEvent(c.bus_id, c.code, "").info.cls, []).append(c)
 
     def line(c: XidCount) -> str:
         info = XidEvent(c.bus_id, c.code, "").info
-        return f"{_name(c)}: Xid {c.code} x{c.count}, {info.what}{_when(c.last_uptime_s)}"
+        return f"{_name(c)}: Xid {c.code} x{c.active}, {info.what}{_when(c.last_uptime_s)}"
 
     job = by_class.get(XidClass.JOB, [])
     job_note = (f" Job-caused Xids (reported only, the node is fine): "
                 f"{_listed([line(c) for c in job])}.") if job else ""
+    acked = [c for c in counts if c.acknowledged and
+             XidEvent(c.bus_id, c.code, "").info.cls is not XidClass.JOB]
+    if acked:
+        job_note += (" Acknowledged (logged before a GPU reset or `preflight xid --ack`, not "
+                     "counted): " + _listed([f"{_name(c)}: Xid {c.code} x{c.acknowledged} "
+                                             f"({c.ack})" for c in acked]) + ".")
     node = by_class.get(XidClass.NODE, [])
     if node:
         actions: dict[str, list[str]] = {}
@@ -117,6 +145,10 @@ def judge(counts: Sequence[XidCount], *, span: str, source: str) -> Result:
                       f"{_listed([line(c) for c in unknown])}.{job_note}",
                       f"Look each code up in NVIDIA's Xid catalogue ({CATALOGUE}); if it is a "
                       "hardware fault, drain the node.", details=details)
+    if acked:
+        return Result(NAME, Status.PASS, "XidAcknowledged",
+                      f"no GPU fault in the kernel log {span} after its acknowledgement "
+                      f"({source}).{job_note}", details=details)
     if job:
         return Result(NAME, Status.PASS, "XidJobOnly",
                       f"no GPU fault in the kernel log {span} ({source}).{job_note}",
@@ -165,4 +197,10 @@ def run(ctx: Context) -> Result:
     source = log.source + (" (truncated)" if log.truncated else "")
     if log.tried:
         source += f"; {'; '.join(log.tried)}"
-    return judge(count(events, gpu_of), span=span_text(first_uptime, since_s=since), source=source)
+    try:
+        acks = xidacks.load(ctx.config.state_dir, ctx.root)
+    except StateError as exc:  # no acknowledgement known: every Xid counts (the safe side)
+        acks = ()
+        source += f"; acknowledgements unreadable: {exc}"
+    return judge(count(events, gpu_of, acks), span=span_text(first_uptime, since_s=since),
+                 source=source)

@@ -58,6 +58,10 @@ class RunSettings:
     link_floor: float = 0.5
     #: the node checks' deadline (a check may take check_timeout_s before the runner gives up)
     checks_timeout_s: float = 0.0
+    #: --ddp: last, the DDP ladder's step 4 over every rank of every node (preflight/ddp/world.py)
+    ddp: bool = False
+    #: how long one node's DDP step may take (the workers' start-up and ddp_timeout_s)
+    ddp_deadline_s: float = 0.0
 
 
 class Runner(Protocol):
@@ -74,6 +78,10 @@ class Runner(Protocol):
     def allreduce(self, *, key: str, tag: str, group: list[int], nproc: Callable[[int], int],
                   engine: str) -> dict[str, Any]:
         """This node's share of one group's all-reduce (store keys under ``key``)."""
+        ...
+
+    def ddp(self, *, key: str, nodes: list[int], nproc: Callable[[int], int]) -> dict[str, Any]:
+        """This node's ranks of the DDP training over ``nodes`` (store keys under ``key``)."""
         ...
 
 
@@ -187,6 +195,10 @@ class Agent:
             return self.runner.checks()
         nodes = list(step["nodes"])
         nproc = step["nproc"]
+        if step["do"] == "ddp":
+            self.progress("DDP over every node")
+            return self.runner.ddp(key=f"s{k}/ddp/", nodes=nodes,
+                                   nproc=lambda r: wire.nproc_of(nproc, r))
         for i, group in enumerate(wire.groups_of(step["groups"], nodes)):
             if me in group:
                 self.progress(f"all-reduce {step['tag']} with nodes {group}")
@@ -235,6 +247,8 @@ class Agent:
         if self.settings.bandwidth and sum(self.nproc(r) for r in alive) >= 2 \
                 and not roll.usage:
             self._bandwidth(v, alive)
+        if self.settings.ddp and not roll.usage:
+            self._ddp(v, [r for r in alive if r not in v.unresponsive])
         return self._publish(v)
 
     def nproc(self, rank: int) -> int:
@@ -368,6 +382,19 @@ class Agent:
             v.rounds.append(round_json(tag, res, loc.bar()))
             groups, tag = loc.next_groups(), "confirm"
         v.conclusion = loc.judge()
+
+    def _ddp(self, v: Verdict, nodes: list[int]) -> None:
+        """Every rank of every node in one DDP training, judged as one (preflight/ddp/world.py)."""
+        from preflight.ddp.world import judge_world
+
+        nproc = {r: self.nproc(r) for r in nodes}
+        step = {"do": "ddp", "nproc": wire.compact_nproc(nproc),
+                "deadline_s": self.settings.ddp_deadline_s + self.opts.timeout_s}
+        got, _ = self._step(step, nodes, kind="ddp", check=wire.ddp_answer,
+                            mine=lambda: self.runner.ddp(key=f"s{self.k}/ddp/", nodes=nodes,
+                                                         nproc=lambda r: nproc[r]),
+                            what="DDP over every node")
+        v.ddp = judge_world(got, nodes=nodes)
 
     def _publish(self, v: Verdict) -> dict[str, Any]:
         v.store = {"ops": self.store.ops, "bytes": self.store.traffic.bytes,

@@ -18,42 +18,35 @@ sysfs) reports a nominal speed and is marked ``virtual``.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from preflight.bench import visible_gpus
+from preflight.bench import interpreter_facts, visible_gpus
+from preflight.bench.worker import engines
 from preflight.cluster import wire
 from preflight.cluster.options import ClusterOptions
 from preflight.core.context import Context
-from preflight.core.procgroup import GroupTimeout, run_in_group
 from preflight.jobenv.netvars import (
-    IbPort,
     nccl_flag,
     nccl_socket_selection,
     parse_gloo_ifnames,
     select_ib,
     socket_family,
 )
+from preflight.probes.ib import IbPort, IbSnapshot
 from preflight.probes.ibparse import parse_rate
-from preflight.probes.net import IbSnapshot, NetSnapshot
 
-#: Whether an interpreter can import the nccl4py engine's packages (the bench worker's test).
-_HAS_NCCL4PY = ("import importlib.util as u, sys; "
-                "sys.exit(0 if all(u.find_spec(m) for m in ('nccl', 'cuda')) else 1)")
+if TYPE_CHECKING:  # the snapshot comes through the Context's network probe
+    from preflight.probes.net import NetSnapshot
 
 
-def has_nccl4py(python: str) -> bool | None:
-    """Whether the workers' interpreter can import nccl4py (nccl.bindings, cuda.bindings); None
-    when it could not be asked within 10 s."""
-    if python == sys.executable:
-        return all(importlib.util.find_spec(m) is not None for m in ("nccl", "cuda"))
-    try:
-        return run_in_group([python, "-c", _HAS_NCCL4PY], timeout_s=10.0).returncode == 0
-    except (OSError, GroupTimeout):
-        return None
+
+def has_nccl4py(ctx: Context, python: str) -> bool | None:
+    """Whether the workers' interpreter can import nccl4py (the GPU workers' own engine choice,
+    :mod:`preflight.bench.worker.engines`); None when it could not be asked within 10 s."""
+    found = interpreter_facts(ctx, python)
+    return None if found is None else engines.has(found, "nccl4py")
 
 
 def choose_engine(requested: str, backend: str, nccl4py: Mapping[int, bool | None]) -> str:
@@ -123,7 +116,7 @@ def node_facts(ctx: Context, opts: ClusterOptions, *, backend: str, nproc: int, 
     """This node's arrival (checked on node 0 by :func:`wire.arrival`)."""
     addr: str | None = None
     try:
-        family, target = ctx.resolve(opts.master_addr)[0]
+        family, target = ctx.resolve_host(opts.master_addr)[0]
         addr = ctx.route_source(family, target)
     except (OSError, TimeoutError, IndexError):
         pass
@@ -131,7 +124,7 @@ def node_facts(ctx: Context, opts: ClusterOptions, *, backend: str, nproc: int, 
     iface = snap.owner(addr) if addr else None
     gpu_snap = ctx.gpus()
     gpus, count, _ = visible_gpus(ctx)
-    nccl4py = (has_nccl4py(python) if backend == "nccl" and engine == "auto" and bandwidth
+    nccl4py = (has_nccl4py(ctx, python) if backend == "nccl" and engine == "auto" and bandwidth
                else None)
     link = link_of(snap, ctx.ib(), ctx.env, backend=backend,
                    route_iface=iface.name if iface else None)

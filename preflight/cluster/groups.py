@@ -16,14 +16,14 @@ socket run WARNs. gloo on CPU is a plumbing test: its efficiency is shown, never
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from preflight.bench import visible_gpus
-from preflight.bench.parent import BenchOptions, RunRecord, WorldSpec, run_workers
+from preflight.bench.options import BenchOptions, RunRecord, WorldSpec
+from preflight.bench.parent import run_workers
 from preflight.bench.verdict import judge
-from preflight.cluster import store, wire
+from preflight.cluster import wire
 from preflight.core.context import Context
 from preflight.core.result import Status, worst
 
@@ -35,31 +35,20 @@ WARMUP = {"nccl": 5, "gloo": 2}
 WAITED = ("hung", "timeout")
 #: Failure kinds by how surely they are the node's own (and the first cause of the others).
 _CAUSE = {"stalled": 0, "died": 1, "error": 2, "spawn": 3, "slow_start": 4}
-_WARN = re.compile(r"NCCL WARN (.{1,300})")
 #: At most this many distinct NCCL WARN lines are kept per node.
 MAX_WARNINGS = 8
 
 
-def nccl_warnings(texts: Sequence[str]) -> list[str]:
-    """The distinct ``NCCL WARN`` messages in ``texts`` (worker log tails), first first."""
-    out: list[str] = []
-    for t in texts:
-        for m in _WARN.finditer(t):
-            line = " ".join(m.group(1).split())
-            if line and line not in out and len(out) < MAX_WARNINGS:
-                out.append(line)
-    return out
-
-
 def record_warnings(record: RunRecord) -> list[str]:
-    return nccl_warnings([f"{st.traceback}\n{st.error or ''}" for st in record.ranks])
+    """The distinct ``NCCL WARN`` messages of this node's workers (the bench parent keeps the
+    first ones of each worker's log), first first."""
+    seen = dict.fromkeys(" ".join(w.split()) for st in record.ranks for w in st.nccl_warnings)
+    return [w for w in seen if w][:MAX_WARNINGS]
 
 
 def worker_env(env: Mapping[str, str], *, backend: str, iface: str | None) -> dict[str, str]:
     """The environment of this node's workers for a group across nodes."""
     out = dict(env)
-    if store.QUIETED:
-        out.pop("TORCH_CPP_LOG_LEVEL", None)  # the agent's own quiet, not the job's setting
     if backend == "gloo" and iface and "GLOO_SOCKET_IFNAME" not in out:
         # Gloo binds the address the hostname resolves to unless told; use the master's route.
         out["GLOO_SOCKET_IFNAME"] = iface

@@ -22,7 +22,7 @@ def master_is_loopback(ctx: Context, host: str) -> bool:
     """Whether the master resolves to a loopback address: every agent is on this one host (a
     test set-up), so the network check judges a single-node job, not a broken multi-node one."""
     try:
-        return any(ipaddress.ip_address(a).is_loopback for _, a in ctx.resolve(host))
+        return any(ipaddress.ip_address(a).is_loopback for _, a in ctx.resolve_host(host))
     except (OSError, TimeoutError, ValueError):
         return False
 
@@ -85,3 +85,11 @@ class BenchRunner:
                          # table per GPU model and count judges.
                          min_busbw_gbps=None)
 
+    def ddp(self, *, key: str, nodes: list[int], nproc: Callable[[int], int]) -> dict[str, Any]:
+        from preflight.ddp.world import cluster_step
+
+        o = self.opts
+        return cluster_step(self.ctx, master_addr=o.master_addr, master_port=o.master_port,
+                            node_rank=o.node_rank, nproc={r: nproc(r) for r in nodes},
+                            nodes=nodes, prefix=f"{self._store().prefix}{key}",
+                            backend=self.settings.backend, iface=self.iface)

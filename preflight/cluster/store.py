@@ -31,7 +31,6 @@ from typing import Any
 
 from preflight.cluster import wire
 from preflight.cluster.options import ClusterOptions, ClusterUsageError
-from preflight.probes.net import with_deadline
 
 #: Values fetched per request when a log is read in bulk (TCPStore multi_get).
 BATCH = 64
@@ -67,16 +66,14 @@ class MasterLost(RuntimeError):
     """The master could not be reached by the deadline, or stopped answering (exit code 3)."""
 
 
-#: Whether this process silenced c10d's own log (the workers get the job's setting back).
-QUIETED = "TORCH_CPP_LOG_LEVEL" not in os.environ
-
-
 def torch_missing() -> str | None:
     """None when torch.distributed imports, else the one-line reason."""
-    # The 1 s wait slices time out by design, and a connection that is refused is retried
-    # until the deadline: c10d would log a warning or a C++ stack for each; the agent says
-    # itself what did not answer.
-    if QUIETED:
+    # c10 reads TORCH_CPP_LOG_LEVEL once, when torch loads. The 1 s wait slices time out by
+    # design, and a connection that times out logs a 30-line C++ stack trace at ERROR: each
+    # failure is said here in one line instead (FATAL). Restored after the import, so the
+    # workers this process starts keep the job's own level.
+    previous = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    if previous is None:
         os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
     try:
         with warnings.catch_warnings():
@@ -84,6 +81,9 @@ def torch_missing() -> str | None:
             import torch.distributed as dist
     except ImportError as exc:
         return f"{exc}"
+    finally:
+        if previous is None:
+            os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
     if not dist.is_available():
         return "this torch build has no torch.distributed"
     return None
@@ -187,13 +187,14 @@ def connect(opts: ClusterOptions, *, hosting: bool, until: float) -> Any:
         make = functools.partial(tcp_store, opts.master_addr, opts.master_port, None, hosting,
                                  timeout=datetime.timedelta(seconds=try_s),
                                  wait_for_workers=False)
+        caller = Caller(f"connect-{master}")
         try:
             # TCPStore overshoots its own timeout by a few seconds while it retries a refused
             # connection: wait that long before giving the thread up.
-            return with_deadline(make, try_s + OVERSHOOT_S, f"the master {master}")
+            return caller.call(make, try_s + OVERSHOOT_S, f"the master {master}")
         except TimeoutError:
-            # TCPStore's own timeout does not cover its handshake: the thread is abandoned.
-            abandoned()
+            # TCPStore's own timeout does not cover its handshake: the thread is abandoned
+            # (Caller.call marked it).
             last = "it accepted the connection but never answered the store's handshake"
         except Exception as exc:  # torch raises DistNetworkError / RuntimeError subclasses
             last = " ".join(str(exc).split())[:300]
@@ -204,6 +205,8 @@ def connect(opts: ClusterOptions, *, hosting: bool, until: float) -> Any:
                     f"node 0 cannot listen on port {opts.master_port} ({last}); another process "
                     f"holds it (ss -ltnp 'sport = :{opts.master_port}'): pass a free "
                     "--master-port to every node") from None
+        finally:
+            caller.close()
         time.sleep(min(RETRY_PAUSE_S, max(0.0, until - time.monotonic())))
     raise MasterLost(f"the master {master} did not answer within {opts.timeout_s:g} s ({last}); "
                      "is node 0's agent running, and the port open between the nodes?")
@@ -353,7 +356,7 @@ def open_store(opts: ClusterOptions, resolver: Resolver, *, until: float) -> Ren
 
 
 class GroupRelay:
-    """The bench parent's :class:`preflight.bench.parent.StoreRelay` over this store, scoped to one
+    """The bench parent's :class:`preflight.bench.options.StoreRelay` over this store, scoped to one
     all-reduce group's keys (``prefix``, e.g. ``s3/g0/``): carries the nccl4py engine's unique id
     from the group's first node to the others (docs/cluster.md)."""
 

@@ -69,6 +69,8 @@ class Verdict:
         self.failed: dict[int, str] = {}
         self.store: dict[str, int] = {}
         self.elapsed_s = 0.0
+        #: --ddp: node 0's judgement of the DDP training over every node (ddp.world.judge_world)
+        self.ddp: dict[str, Any] | None = None
 
     def _name(self, r: int) -> str:
         host = (self.roll.accepted.get(r) or {}).get("host")
@@ -122,6 +124,12 @@ class Verdict:
                 "Make the odd node(s) match the majority (same image / venv / NCCL_* settings);"
                 " preflight fingerprint --json on two nodes, then preflight diff A B.")
         self._bandwidth_findings(add)
+        if self.ddp is not None and self.ddp["status"] in ("fail", "error"):
+            add(Status.parse(self.ddp["status"]), "DdpWorldFailed",
+                f"DDP over every rank of every node: {self.ddp['message']}",
+                "preflight ddp on each node names a layer of its own (preflight docs ddp); "
+                "between the nodes: MASTER_ADDR, NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME on "
+                "every node, a firewall between them.")
         return out
 
     def _bandwidth_findings(self, add: Any) -> None:
@@ -203,7 +211,7 @@ class Verdict:
                "localisation": {"rounds": self.rounds if full else [],
                                 "unisolated": c.suspects if c else [],
                                 "good": len(c.good) if c else None},
-               "findings": findings, "store": self.store,
+               "findings": findings, "store": self.store, "ddp": self.ddp,
                "elapsed_s": round(self.elapsed_s, 3)}
         if not full:
             out["rows_on"] = "node 0"

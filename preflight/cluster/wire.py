@@ -17,19 +17,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from preflight.bench.method import MAX_NPROC
 from preflight.cluster.localise import pairs
 from preflight.core.result import Status
 
 #: Largest --nnodes an agent accepts (the simulation runs 1,024; a fleet of 16,384 nodes is far
 #: beyond what one TCPStore serves within a minute).
 MAX_NODES = 16384
-#: Most ranks per node (bench's --nproc bound): no node has more GPUs, and a typo with gloo
-#: must not fork 100,000 workers.
-MAX_NPROC = 64
 #: Size limits per value, bytes: an arrival is ~1 kB, node checks 5-20 kB (results and the
-#: fingerprint), an all-reduce answer ~2 kB; a verdict grows with the nodes that are named.
+#: fingerprint), an all-reduce answer ~2 kB, a DDP answer ~1 kB per rank (its sample indices);
+#: a verdict grows with the nodes that are named.
 LIMITS = {"arrival": 64 << 10, "checks": 1 << 20, "allreduce": 64 << 10, "ack": 4 << 10,
-          "lead": 4 << 10, "step": 1 << 20, "verdict": 16 << 20, "uid": 4 << 10}
+          "lead": 4 << 10, "step": 1 << 20, "verdict": 16 << 20, "uid": 4 << 10,
+          "ddp": 2 << 20}
 #: Longest text field kept from a peer (a message, a remedy), and the longest name (a host).
 MAX_TEXT = 4096
 MAX_NAME = 255
@@ -232,15 +232,42 @@ def allreduce_answer(d: Any) -> dict[str, Any]:
     _need(isinstance(d, dict), f"its all-reduce answer is {_kind(d)}, expected an object")
     kind = d.get("failure_kind")
     _need(kind is None or kind in FAILURE_KINDS, f"failure_kind is {_shown(kind)}")
-    warns = d.get("nccl_warnings", [])
-    _need(isinstance(warns, list) and len(warns) <= 16
-          and all(isinstance(w, str) and len(w) <= 400 for w in warns),
-          "nccl_warnings is not a short list of text")
+    warns = _warnings(d, 16)
     return {"nonce": nonce(d), "status": status(d), "reason": text(d, "reason", limit=64),
             "message": text(d, "message") or "",
             "busbw_gbps": number(d, "busbw_gbps", 0, 1e7, optional=True),
             "world_size": integer(d, "world_size", 0, MAX_NODES * MAX_NPROC, optional=True),
             "failure_kind": kind, "nccl_warnings": list(warns),
+            "store_ops": integer(d, "store_ops", 0, 1 << 40, optional=True) or 0}
+
+
+def _warnings(d: Mapping[str, Any], most: int) -> list[str]:
+    warns = d.get("nccl_warnings", [])
+    _need(isinstance(warns, list) and len(warns) <= most
+          and all(isinstance(w, str) and len(w) <= 400 for w in warns),
+          "nccl_warnings is not a short list of text")
+    return list(warns)
+
+
+def ddp_answer(d: Any) -> dict[str, Any]:
+    """A node's part of the DDP training over every node (preflight.ddp.world.node_step): the
+    fields node 0's judgement reads, checked; each rank's facts are checked there."""
+    _need(isinstance(d, dict), f"its DDP answer is {_kind(d)}, expected an object")
+    ranks = d.get("ranks", [])
+    _need(isinstance(ranks, list) and len(ranks) <= MAX_NPROC
+          and all(isinstance(r, dict) for r in ranks), "ranks is not a list of objects")
+    failure = mapping(d, "failure", optional=True)
+    if failure is not None:
+        failure = {"kind": text(failure, "kind", limit=16),
+                   "ranks": _ranks(failure.get("ranks", []), "failure.ranks")[:MAX_NPROC]}
+    device = mapping(d, "device", optional=True)
+    if device is not None:
+        device = {**device, "status": text(device, "status", limit=8),
+                  "message": text(device, "message", optional=True) or ""}
+    return {"nonce": nonce(d), "status": status(d), "reason": text(d, "reason", limit=64),
+            "message": text(d, "message") or "", "ranks": list(ranks), "failure": failure,
+            "device": device, "nccl_warnings": _warnings(d, 20),
+            "seconds": number(d, "seconds", 0, 1e6, optional=True),
             "store_ops": integer(d, "store_ops", 0, 1 << 40, optional=True) or 0}
 
 
@@ -306,7 +333,7 @@ def step(d: Any) -> dict[str, Any]:
         status(v)
         integer(v, "exit_code", 0, 3)
         return {"do": "verdict", "verdict": v}
-    _need(do in ("checks", "allreduce"), f"do is {_shown(do)}")
+    _need(do in ("checks", "allreduce", "ddp"), f"do is {_shown(do)}")
     out: dict[str, Any] = {"do": do, "deadline_s": number(d, "deadline_s", 0.001, 86400.0),
                            "nodes": expand(d.get("nodes", []))}
     replaced = mapping(d, "replaced", optional=True) or {}
@@ -322,16 +349,18 @@ def step(d: Any) -> dict[str, Any]:
         _need(isinstance(multi, bool), "multi_node is not true/false")
         out["multi_node"] = multi
         return out
+    nproc = mapping(d, "nproc")
+    assert nproc is not None
+    out["nproc"] = {"default": integer(nproc, "default", 1, MAX_NPROC),
+                    "except": _nproc_except(nproc.get("except", {}))}
+    if do == "ddp":
+        return out
     tag = text(d, "tag", limit=16)
     _need(tag in ("world", "intra", "pairs", "confirm"), f"tag is {_shown(tag)}")
     out["tag"] = tag
     engine = text(d, "engine", limit=16)
     _need(engine in ("torch", "nccl4py"), f"engine is {_shown(engine)}")
     out["engine"] = engine
-    nproc = mapping(d, "nproc")
-    assert nproc is not None
-    out["nproc"] = {"default": integer(nproc, "default", 1, MAX_NPROC),
-                    "except": _nproc_except(nproc.get("except", {}))}
     groups = d.get("groups")
     if isinstance(groups, str):
         _need(groups in GROUP_RULES, f"groups is {_shown(groups)}")

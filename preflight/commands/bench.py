@@ -9,41 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from preflight.cli import Formatter, add_config_options, build_context, emit
-from preflight.core.config import RANGES
+from preflight.cli import Formatter, add_config_options, build_context, emit, nproc_arg, size_arg
 from preflight.core.result import ExitCode, exit_code
-
-#: Most ranks one bench may start: more than any node's GPUs (NVL72 trays hold 4; HGX boards 8,
-#: 16 at most), and a bound on the processes a typo (``--nproc 100000``) can start.
-MAX_NPROC = 64
-#: Largest all-reduce size, the config's own bound (bench_max_bytes).
-MAX_SIZE_BYTES = RANGES["bench_max_bytes"][1]
-
-
-def size_arg(text: str) -> int:
-    """An all-reduce size for argparse (also ``preflight cluster --size``)."""
-    from preflight.bench.method import parse_size
-
-    try:
-        size = parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if not 4 <= size <= MAX_SIZE_BYTES:
-        raise argparse.ArgumentTypeError(f"{text!r} is {size} bytes; expected 4 bytes .. "
-                                         f"{int(MAX_SIZE_BYTES) >> 30}G")
-    return size
-
-
-def nproc_arg(text: str) -> int:
-    """Ranks for argparse (also ``preflight cluster --nproc-per-node``)."""
-    try:
-        n = int(text, 10) if len(text) <= 20 else -1
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of ranks") from None
-    if not 1 <= n <= MAX_NPROC:
-        raise argparse.ArgumentTypeError(f"{text!r} ranks: expected 1..{MAX_NPROC} (one rank per "
-                                         "GPU; with gloo, a few CPU ranks suffice)")
-    return n
+from preflight.core.textsafe import escape
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -71,10 +39,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="busbw floor in GB/s at the largest size (default: min_busbw_gbps, else "
                         "the built-in table: FAIL below 0.9 x expected)")
     p.add_argument("--timeout", type=float, metavar="S",
-                   help="deadline of the whole run in seconds (default bench_timeout_s, 120)")
+                   help="deadline of the whole run in seconds (default bench_timeout_s, 120; "
+                        "with --gpu gpu_speed_timeout_s, 30)")
     p.add_argument("--python", metavar="PATH",
-                   help="interpreter whose torch/NCCL the workers use: the training environment "
-                        "(default: config key python, else the one running preflight)")
+                   help="interpreter whose torch/NCCL the workers use: the training environment, "
+                        "of which they import nothing but their engines; the JSON's environment "
+                        "says what they loaded, from where (default: config key python, else the "
+                        "one running preflight)")
     p.add_argument("--engine", choices=("auto", "torch", "nccl4py"),
                    help="what the workers run (default bench_engine, auto): nccl4py (NVIDIA's "
                         "NCCL bindings, no torch: the fast path) when the interpreter has it, "
@@ -83,14 +54,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="instead of the all-reduce: per-GPU device copy, pinned host<->device "
                         "copies and bf16 matrix multiply against each GPU's limits and the node "
                         "median (the gpu_speed check; GPUs in use are measured too, with a note; "
-                        "docs/gpu-speed.md)")
+                        "preflight docs gpu-speed)")
     p.add_argument("--gpu-engine", choices=("auto", "cuda", "torch", "cpu"),
                    help="with --gpu: worker engine (default gpu_speed_engine, auto: cuda-bindings"
                         " + cuBLAS, else torch; cpu is a plumbing test)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--debug", action="store_true",
-                   help="run the workers with NCCL_DEBUG=INFO, keep their output in a directory "
-                        "(path printed) and summarise what NCCL chose")
+                   help="keep the workers' output in a directory (path printed); for the "
+                        "all-reduce, run them with NCCL_DEBUG=INFO and summarise what NCCL chose")
     add_config_options(p)
     p.set_defaults(func=run)
 
@@ -100,7 +71,10 @@ def run_gpu(args: argparse.Namespace) -> int:
 
     ctx = build_context(args, {"gpu_speed_timeout_s": args.timeout, "python": args.python,
                                "gpu_speed_engine": args.gpu_engine})
-    verdict = run_speed(ctx, include_busy=True)
+    verdict = run_speed(ctx, include_busy=True, debug=args.debug)
+    kept = verdict.extra.get("debug_log")
+    if kept:
+        print(f"preflight bench: worker output kept in {kept}", file=sys.stderr)
     emit(as_json=args.json, data=verdict.to_json, text=lambda: render_table(verdict))
     return int(exit_code(verdict.status))
 
@@ -119,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
                         max_bytes=args.max_bytes, debug=args.debug,
                         engine=ctx.config.bench_engine)
     except BenchUsageError as exc:
-        print(f"preflight bench: {exc}", file=sys.stderr)
+        print(f"preflight bench: {escape(str(exc), 600)}", file=sys.stderr)
         return int(ExitCode.USAGE)
     tty = sys.stderr.isatty() and not args.json
 

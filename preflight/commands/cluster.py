@@ -14,8 +14,7 @@ import sys
 import time
 from typing import Any
 
-from preflight.cli import Formatter, add_config_options, build_context, emit
-from preflight.commands.bench import nproc_arg, size_arg
+from preflight.cli import Formatter, add_config_options, build_context, emit, nproc_arg, size_arg
 from preflight.core.result import ExitCode
 
 
@@ -29,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                     "master, run the node checks, compare versions and node facts, time an "
                     "all-reduce over every GPU of every node against each node's link, and with "
                     "3 or more nodes test disjoint node pairs against each other to name the "
-                    "slow or failed node(s) in at most three rounds. See docs/cluster.md.",
+                    "slow or failed node(s) in at most three rounds. See: preflight docs cluster.",
         epilog="exit codes: 0 ok, 1 a node or the network failed, 2 usage error, 3 undecided "
                "(the master did not answer by the deadline)")
     p.add_argument("--nnodes", type=int, metavar="N",
@@ -58,12 +57,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="all-reduce size, 4 bytes .. 64G (default 256M with nccl, 1M with gloo)")
     p.add_argument("--no-bandwidth", action="store_true",
                    help="arrival, node checks and parity only")
+    p.add_argument("--ddp", action="store_true",
+                   help="then the DDP ladder's step 4: the field guide's minimal DDP training "
+                        "over every rank of every node, its proofs across nodes (docs/ddp.md)")
     p.add_argument("--expect-gpus", type=int, metavar="N",
                    help="GPUs each node must show (0 = CPU-only nodes), as in preflight check")
     p.add_argument("--engine", choices=("auto", "torch", "nccl4py"),
                    help="what the all-reduce workers run (default bench_engine, auto): nccl4py "
                         "(no torch in the workers; auto takes it when every node's workers can "
-                        "import it) or torch.distributed; see docs/cluster.md")
+                        "import it) or torch.distributed; see preflight docs cluster")
     p.add_argument("--python", metavar="PATH",
                    help="the training environment's interpreter (fingerprint and workers)")
     p.add_argument("--json", action="store_true", help="print the JSON verdict")
@@ -106,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, opts: Any, ctx: Any) -> int:
     from preflight.bench import visible_gpus
     from preflight.cluster.agent import RunSettings
+    from preflight.ddp.world import step_deadline_s
 
     _, visible, nvml_error = visible_gpus(ctx)
     backend = args.backend or ("nccl" if not nvml_error and visible else "gloo")
@@ -125,7 +128,8 @@ def _run(args: argparse.Namespace, opts: Any, ctx: Any) -> int:
                            python=cfg.python or sys.executable, engine=cfg.bench_engine,
                            relative_floor=cfg.cluster_relative_floor,
                            link_floor=cfg.cluster_link_floor,
-                           checks_timeout_s=cfg.check_timeout_s + 5.0)
+                           checks_timeout_s=cfg.check_timeout_s + 5.0, ddp=args.ddp,
+                           ddp_deadline_s=step_deadline_s(ctx) if args.ddp else 0.0)
     me = opts.node_rank
 
     def progress(text: str) -> None:
@@ -163,7 +167,7 @@ def _agent(args: argparse.Namespace, opts: Any, ctx: Any, settings: Any,
     try:
         # The deadline starts now, torch imported: 8 agents importing it at once on a loaded
         # machine take seconds of the budget before they can try.
-        store = open_store(opts, ctx.resolve, until=time.monotonic() + opts.timeout_s)
+        store = open_store(opts, ctx.resolve_host, until=time.monotonic() + opts.timeout_s)
     except ClusterUsageError as exc:
         return _fail(str(exc), ExitCode.USAGE)
     except MasterLost as exc:

@@ -1,7 +1,8 @@
-"""``preflight explain FILE... [--json]``: classify a failed job's logs (issue 6).
+"""``preflight explain PATH... [--json]``: classify a failed job's logs and flight recorder dumps.
 
-Exit codes: 0 nothing recognised, 1 findings, 2 usage error (a missing or unreadable file, a
-directory or a device: only regular files and pipes end).
+Exit codes: 0 nothing recognised, 1 findings, 2 usage error (a missing or unreadable path, a
+device: only regular files, pipes and directories of files end) or nothing recognised while an
+input could not be read (a corrupt gzip, a zstd file without a decoder, a refused dump).
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ import argparse
 import os
 import stat
 import sys
-from collections.abc import Iterator
-from typing import BinaryIO
 
 from preflight.cli import Formatter
 from preflight.core.result import ExitCode
@@ -20,31 +19,31 @@ from preflight.core.result import ExitCode
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "explain", formatter_class=Formatter,
-        help="read a failed job's torchrun / PyTorch / NCCL logs: what broke, where, the fix",
-        description="Read the logs of a failed torchrun job (any size, streamed) and print the "
-                    "failure classes found, root cause first: layer (environment, "
+        help="read a failed job's torchrun / PyTorch / NCCL logs and flight recorder dumps: "
+             "what broke, where, the fix",
+        description="Read the logs of a failed torchrun job (any size, streamed; gzip, zstd and "
+                    "UTF-16/32 with a byte-order mark are decoded) and PyTorch's flight "
+                    "recorder dumps (read as plain data, nothing in them is executed), and "
+                    "print the failure classes found, root cause first: layer (environment, "
                     "communication, data, model, hardware), evidence lines, ranks involved and "
-                    "the fix. Reasons: docs/explain.md.",
-        epilog="exit codes: 0 nothing recognised, 1 findings, 2 usage error (a missing file, a "
-               "directory or a device)")
-    p.add_argument("files", nargs="+", metavar="FILE",
-                   help="log files or pipes (<(kubectl logs POD)); '-' reads standard input. "
-                        "A name like rank3.log or attempt_0/3/stderr.log gives unprefixed "
-                        "lines rank 3")
+                    "the fix; from dumps, the ranks that never entered a collective the others "
+                    "entered, and collectives whose op or sizes differ between ranks. "
+                    "Reasons: preflight docs explain.",
+        epilog="flight recorder dumps on an NCCL timeout: TORCH_FR_BUFFER_SIZE=2000 "
+               "TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_FR_DUMP_TEMP_FILE=/shared/fr/rank_ (torch < "
+               "2.8: TORCH_NCCL_TRACE_BUFFER_SIZE, TORCH_NCCL_DEBUG_INFO_TEMP_FILE), then "
+               "preflight explain /shared/fr/. exit codes: 0 nothing recognised, 1 findings, 2 "
+               "usage error (a missing path or a device) or nothing recognised while an input "
+               "could not be read")
+    p.add_argument("files", nargs="+", metavar="PATH",
+                   help="log files, pipes (<(kubectl logs POD)), flight recorder dumps "
+                        "(TORCH_FR_DUMP_TEMP_FILE's <prefix><rank> files) or directories of "
+                        "them; '-' reads standard input. A name like rank3.log or "
+                        "attempt_0/3/stderr.log gives unprefixed lines rank 3")
     p.add_argument("--json", action="store_true",
                    help="print JSON: {findings: [{reason, layer, message, remedy, evidence, "
                         "ranks}], ranks: {...}}")
     p.set_defaults(func=run)
-
-
-def _streams(files: list[str]) -> Iterator[tuple[str, BinaryIO]]:
-    """Open the files one at a time, so that any number of them uses one descriptor."""
-    for name in files:
-        if name == "-":
-            yield "-", sys.stdin.buffer
-        else:
-            with open(name, "rb") as stream:
-                yield name, stream
 
 
 def _not_a_log(name: str) -> str | None:
@@ -57,18 +56,17 @@ def _not_a_log(name: str) -> str | None:
         return "no such file"
     except OSError as exc:
         return f"cannot read: {exc.strerror or exc}"
-    if stat.S_ISREG(mode) or stat.S_ISFIFO(mode):
+    if stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISDIR(mode):
         return None
-    kind = ("is a directory" if stat.S_ISDIR(mode) else
-            "is a character device" if stat.S_ISCHR(mode) else
+    kind = ("is a character device" if stat.S_ISCHR(mode) else
             "is a block device" if stat.S_ISBLK(mode) else
             "is a socket" if stat.S_ISSOCK(mode) else "is not a regular file")
-    return f"{kind}; give a log file, a pipe, or - for standard input"
+    return f"{kind}; give a log file, a pipe, a directory, or - for standard input"
 
 
 def run(args: argparse.Namespace) -> int:
-    from preflight.explain import explain_streams
     from preflight.explain.output import render_text, to_json
+    from preflight.explain.sources import expand, explain_streams, open_paths
 
     files: list[str] = list(args.files)
     if files.count("-") > 1:
@@ -79,11 +77,20 @@ def run(args: argparse.Namespace) -> int:
         if what is not None:
             print(f"preflight explain: {name}: {what}", file=sys.stderr)
             return int(ExitCode.USAGE)
+    paths: list[str] = []
+    notes: list[str] = []
+    for name in files:
+        found, note = expand(name)
+        paths.extend(found)
+        if note:
+            notes.append(note)
     try:
-        expl = explain_streams(_streams(files))
+        expl = explain_streams(open_paths(paths, sys.stdin.buffer), notes=notes)
     except OSError as exc:
         print(f"preflight explain: cannot read {exc.filename or 'input'}: {exc.strerror or exc}",
               file=sys.stderr)
         return int(ExitCode.USAGE)
     sys.stdout.write((to_json(expl) if args.json else render_text(expl)) + "\n")
-    return int(ExitCode.FAILED if expl.findings else ExitCode.OK)
+    if expl.findings:
+        return int(ExitCode.FAILED)
+    return int(ExitCode.USAGE if expl.unread else ExitCode.OK)

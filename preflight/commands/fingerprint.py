@@ -15,6 +15,7 @@ from typing import Any
 
 from preflight.cli import Formatter, add_config_options, build_context
 from preflight.core.result import ExitCode
+from preflight.core.textsafe import escape
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -57,18 +58,19 @@ def _human(fp: dict[str, Any]) -> str:
     lines += [f"  {name:<24} {version}" for name, version in fp["packages"].items()]
     lines += [f"  sha256 of {path}: {value}" for path, value in fp["hashes"].items()]
     lines += [f"note: {e}" for e in meta.get("errors") or ()]
-    return "\n".join(lines)
+    # Names, versions and paths come from the environment's own metadata: printable, one line each.
+    return "\n".join(escape(line) for line in lines)
 
 
 def run_fingerprint(args: argparse.Namespace) -> int:
-    from preflight.probes.fingerprint import gather
+    from preflight.checks.versions import fingerprint_of
     from preflight.probes.pyenv import PyEnvError
 
     ctx = build_context(args, {"python": args.python})
     try:
-        fp = gather(ctx)
+        fp = fingerprint_of(ctx)
     except PyEnvError as exc:
-        print(f"preflight fingerprint: {exc}", file=sys.stderr)
+        print(f"preflight fingerprint: {escape(str(exc), 600)}", file=sys.stderr)
         return int(ExitCode.UNDECIDED if exc.kind == "timeout" else ExitCode.FAILED)
     if args.json:
         json.dump(fp, sys.stdout, indent=2, sort_keys=False)
@@ -84,7 +86,7 @@ def run_diff(args: argparse.Namespace) -> int:
     try:
         a, b = load(args.a), load(args.b)
     except FingerprintError as exc:
-        print(f"preflight diff: {exc}", file=sys.stderr)
+        print(f"preflight diff: {escape(str(exc), 600)}", file=sys.stderr)
         return int(ExitCode.USAGE)
     diffs = diff(a, b)
     if args.json:
@@ -93,10 +95,10 @@ def run_diff(args: argparse.Namespace) -> int:
                    "differences": [d.to_json() for d in diffs]}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     elif diffs:
-        print(f"A = {args.a}\nB = {args.b}\n{len(diffs)} difference"
+        print(f"A = {escape(args.a)}\nB = {escape(args.b)}\n{len(diffs)} difference"
               f"{'s' if len(diffs) != 1 else ''}:")
         for d in diffs:
-            print(f"  {d.describe()}")
+            print(f"  {escape(d.describe())}")
     else:
-        print(f"same: {args.a} and {args.b} describe the same environment")
+        print(f"same: {escape(args.a)} and {escape(args.b)} describe the same environment")
     return int(ExitCode.FAILED if diffs else ExitCode.OK)

@@ -1,64 +1,70 @@
 """``preflight prolog``: the node checks as a Slurm Prolog / HealthCheckProgram.
 
 Slurm drains a node and requeues (holds) the job on any non-zero prolog exit, so this command is
-careful about what it lets through (Slurm docs, slurm.conf: Prolog, HealthCheckProgram):
+careful about what it lets through (Slurm docs, slurm.conf: Prolog, HealthCheckProgram; the
+acts themselves are in :mod:`preflight.commands.slurmhook`):
 
 - a check FAILED and the node is to blame (scope node): ``scontrol update nodename=<node>
   state=drain reason="preflight: <check> <Reason>, ..."``, then exit 1. The custom reason survives
-  Slurm's own "Prolog error" drain, so ``sinfo -R`` says what is wrong.
-- a check FAILED because of the job's own setting (scope job: a duplicate CUDA_VISIBLE_DEVICES
-  entry, RANK >= WORLD_SIZE, a MASTER_PORT in use, ...): reported on stderr, exit 0; a job's mistake
-  never drains a node.
+  Slurm's own "Prolog error" drain, so ``sinfo -R`` says what is wrong. Before it, one ``sinfo``
+  call counts the nodes preflight has drained; above ``max_drain_fraction`` the drain is held
+  back (exit 0, said loudly).
+- a check FAILED because of the job's own setting (scope job): reported on stderr, exit 0.
 - WARN: exit 0 (warnings never drain a node).
-- could not decide (a check ERRORED or timed out), a configuration error (a config that is not
-  UTF-8, an out-of-range value, a ``--root`` that is not a directory) or any internal error of
-  preflight: logged to stderr (the slurmd log) as one line, exit 0, so a preflight bug or a typo
-  in the config does not drain the whole cluster; ``--fail-closed`` drains and exits 1 instead.
-  The traceback of an internal error shows only at ``--log-level debug``.
+- could not decide, a configuration error, an internal error: one line on stderr, exit 0, unless
+  ``--fail-closed``.
+- ``--report-only``: everything is reported, nothing drained or resumed, exit 0.
+- ``--resume``: a node drained by preflight (its reason starts with ``preflight:``) that passed
+  ``resume_after`` runs in a row is resumed.
 
-The bandwidth test is off unless ``--bandwidth``: a prolog should take seconds (MessageTimeout,
-10 s by default); run the all-reduce from the daemon or a timer. Slurm sets no PATH for the
-prolog: ``--scontrol`` defaults to the first of /usr/bin/scontrol, /usr/local/bin/scontrol.
+The whole run ends inside ``prolog_budget_s`` (8 s) counted from the process start: the checks'
+deadline is cut to leave time for sinfo and scontrol, a GPU probe that does not answer is a
+verdict (``NvmlNotAnswering``), and a watchdog ends the process at the budget whatever hangs.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-import os
-import shutil
-import socket
-import sys
-from pathlib import Path
 
 from preflight.checks import CHECKS, GPU_LOAD_CHECKS
-from preflight.cli import Formatter, add_config_options, build_context
+from preflight.checks.site import site_checks
+from preflight.checks.versions import check_targets
+from preflight.cli import Formatter, add_config_options
+from preflight.commands.slurmhook import HookRun, add_hook_options, names
 from preflight.core.config import ConfigError
-from preflight.core.procgroup import GroupTimeout, run_in_group
-from preflight.core.result import Report, Scope, Status
 from preflight.core.runner import SelectionError, run_checks, select
-from preflight.core.textsafe import escape
 
-log = logging.getLogger(__name__)
+DESCRIPTION = """\
+Run the node checks as a Slurm Prolog (or HealthCheckProgram) and act on the verdict:
 
-#: Slurm keeps reasons short in `sinfo -R`; longer ones are cut here, not by Slurm.
-MAX_REASON_CHARS = 200
-SCONTROL_TIMEOUT_S = 10.0
+  FAIL, the node's fault     drain this node, the failing checks as the reason; exit 1
+  FAIL, the job's own fault  report it on stderr; exit 0 (a job's mistake never drains)
+  WARN, PASS, SKIP           exit 0
+  undecided (ERROR), a bad config, a preflight bug
+                             one line on stderr; exit 0 (--fail-closed: drain, exit 1)
 
+Before draining, one sinfo call counts the nodes already drained by preflight; when they are
+more than max_drain_fraction of the cluster the drain is held back (exit 0, said on stderr and
+in --prom-file), so a preflight bug cannot drain the fleet. The whole run ends within
+prolog_budget_s (8 s) whatever hangs; a GPU driver that does not answer is a node fault
+(NvmlNotAnswering).
 
-def _default_scontrol() -> str:
-    for candidate in ("/usr/bin/scontrol", "/usr/local/bin/scontrol"):
-        if Path(candidate).exists():
-            return candidate
-    return shutil.which("scontrol") or "/usr/bin/scontrol"
+Rollout: --report-only first (reports, drains nothing, exits 0), then drain; with --resume in
+HealthCheckProgram a node that preflight drained is resumed after resume_after passing runs in
+a row (never a node drained for another reason). The all-reduce and gpu_speed run only with
+--bandwidth, the DDP ladder (preflight ddp) only with --ddp. Slurm gives a prolog no PATH:
+scontrol and sinfo are looked up in /usr/bin and /usr/local/bin. Install, verdicts and
+rollout: docs/slurm.md."""
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "prolog", formatter_class=Formatter,
-        help="run the node checks as a Slurm prolog: drain this node with the reason on FAIL",
-        description=__doc__, epilog="exit codes: 0 go (PASS, WARN, or undecided without "
-        "--fail-closed), 1 this node is bad (drained)")
+        help="run the node checks as a Slurm prolog or health check: drain this node with the "
+             "reason on FAIL, resume it once fixed",
+        description=DESCRIPTION, epilog="exit codes: 0 go (PASS, WARN, a job's own fault, "
+        "undecided without --fail-closed, --report-only, a drain held back by the fleet "
+        "guard), 1 this node is bad (drained)")
     p.add_argument("--expect-gpus", type=int, metavar="N",
                    help="GPUs this node must show (default: from SLURM_JOB_GPUS, else >= 1)")
     p.add_argument("--golden", metavar="FILE", help="fingerprint JSON this node must match")
@@ -66,94 +72,42 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--skip", default="", metavar="A,B", help="checks not to run")
     p.add_argument("--bandwidth", action="store_true",
                    help="also run the tests that load the GPUs: the timed all-reduce and gpu_speed "
-                        "(seconds; off by default in a prolog)")
-    p.add_argument("--fail-closed", action="store_true",
-                   help="drain and exit 1 also when preflight could not decide or its config is "
-                        "bad (default: log and let the job run)")
-    p.add_argument("--scontrol", default=None, metavar="PATH",
-                   help="scontrol to call (default: /usr/bin/scontrol, /usr/local/bin/scontrol)")
+                        "(seconds; off by default in a prolog; raise prolog_budget_s with it)")
+    p.add_argument("--ddp", action="store_true",
+                   help="also run the check ddp, the field guide's minimal DDP run (seconds: "
+                        "torch's import; raise prolog_budget_s with it); a failure that a job "
+                        "variable bears on never drains")
+    p.add_argument("--resume", action="store_true",
+                   help="resume this node when preflight drained it and it has passed "
+                        "resume_after runs in a row (for HealthCheckProgram)")
+    add_hook_options(p)
     add_config_options(p)
     p.set_defaults(func=run)
 
 
-def drain_reason(report: Report, *, undecided: bool = False) -> str:
-    """``preflight: gpu_visible GpuLost, shm ShmTooSmall`` from the node's faults (or, with
-    ``undecided``, from the checks that could not decide)."""
-    want = Status.ERROR if undecided else Status.FAIL
-    parts = [f"{r.check} {r.reason}" for r in report.results
-             if r.status is want and r.scope is not Scope.JOB]
-    text = "preflight: " + (", ".join(parts) or "undecided")
-    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
-
-
-def drain(scontrol: str, node: str, reason: str, *,
-          timeout_s: float = SCONTROL_TIMEOUT_S) -> bool:
-    """Drain ``node`` with ``reason``; False (and a log line) when scontrol fails.
-
-    scontrol runs in its own process group; when it does not answer within ``timeout_s`` (a
-    slurmctld that does not answer, a wrapper script that hangs) the whole group is killed, so
-    nothing it started outlives the prolog.
-    """
-    argv = [scontrol, "update", f"nodename={node}", "state=drain", f"reason={escape(reason)}"]
-    try:
-        proc = run_in_group(argv, timeout_s=timeout_s)
-    except GroupTimeout as exc:
-        _say(f"could not drain {node}: {exc}. Drain by hand: scontrol update nodename={node} "
-             "state=drain reason=preflight")
-        return False
-    except OSError as exc:
-        _say(f"could not drain {node}: cannot run {scontrol}: {exc.strerror or exc}")
-        return False
-    if proc.returncode != 0:
-        _say(f"scontrol exit {proc.returncode}: {proc.stderr.decode(errors='replace').strip()}")
-        return False
-    return True
-
-
-def _say(line: str) -> None:
-    """One line to stderr (the slurmd log), control characters escaped: a value from the job's
-    environment cannot forge a second log line or drive a terminal."""
-    print(f"preflight prolog: {escape(line, 2000)}", file=sys.stderr)
-
-
 def run(args: argparse.Namespace) -> int:
-    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    scontrol = args.scontrol or _default_scontrol()
-    try:
-        return _judge(args, node, scontrol)
-    except Exception as exc:  # preflight's own trouble never drains a node (unless asked)
-        log.debug("traceback of the prolog's internal error", exc_info=True)
-        _say(f"internal error, so the node is undecided: {type(exc).__name__}: {exc} (run "
-             "`preflight prolog --log-level debug` by hand for the traceback and report it)")
-        if args.fail_closed:
-            drain(scontrol, node, "preflight: internal error")
-            return 1
-        return 0
+    return HookRun("prolog", args).execute(_judge)
 
 
-def _judge(args: argparse.Namespace, node: str, scontrol: str) -> int:
+def _judge(hook: HookRun) -> int:
+    args = hook.args
     try:
-        ctx = build_context(args, {"expect_gpus": args.expect_gpus, "golden": args.golden,
-                                   "python": args.python})
-        skip = [s for s in args.skip.split(",") if s]
+        ctx = hook.context({"expect_gpus": args.expect_gpus, "golden": args.golden,
+                            "python": args.python})
+        skip = names(args.skip)
         if not args.bandwidth:
             skip += GPU_LOAD_CHECKS
-        checks = select(CHECKS, skip=skip)
+        every = (*CHECKS, *site_checks(ctx.config, [c.name for c in CHECKS]))
+        if args.ddp:
+            from preflight.ddp.check import CHECK
+
+            every = (*every, CHECK)
+        checks = select(every, skip=skip)
+        hook.phase = "looking at --python and --golden"
+        check_targets(ctx.config, [c.name for c in checks],
+                      timeout_s=min(ctx.config.check_timeout_s, hook.budget.left() / 4))
     except (ConfigError, SelectionError) as exc:
-        _say(f"configuration error: {exc}")
-        if args.fail_closed:
-            drain(scontrol, node, "preflight: configuration error")
-            return 1
-        return 0
+        return hook.config_error(exc)
+    hook.phase = "running the checks"
     report = run_checks(ctx, checks, mode="prolog")
-    for r in report.results:
-        if r.status >= Status.WARN:
-            fix = f" fix: {r.remedy}" if r.remedy else ""
-            _say(f"{r.status.name} {r.check} {r.reason} (scope {r.scope.value}): {r.message}{fix}")
-    if report.node_status is Status.FAIL:
-        drain(scontrol, node, drain_reason(report))
-        return 1
-    if report.node_status is Status.ERROR and args.fail_closed:
-        drain(scontrol, node, drain_reason(report, undecided=True))
-        return 1
-    return 0
+    return hook.act(report, ctx)

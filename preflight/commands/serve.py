@@ -14,6 +14,7 @@ import sys
 from preflight.cli import Formatter, add_config_options
 from preflight.core.config import Config, load
 from preflight.core.result import ExitCode
+from preflight.core.textsafe import escape
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -26,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                     "bandwidth test runs every --bandwidth-interval seconds, only while no "
                     "process uses the GPUs. SIGHUP reloads the config; SIGTERM stops.",
         epilog="exit codes: 0 stopped by SIGTERM/SIGINT, 2 usage or configuration error "
-               "(bad config, address in use). Details: docs/daemon.md")
+               "(bad config, address in use). Details: preflight docs daemon")
     p.add_argument("--listen", metavar="HOST:PORT",
                    help="address to serve on, exactly as given ([::1]:9857 for IPv6, port 0 = "
                         "any free port) (config key listen; default 127.0.0.1:9857)")
@@ -55,6 +56,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         daemon.serve_forever()
     except DaemonError as exc:
-        print(f"preflight serve: {exc}", file=sys.stderr)
+        print(f"preflight serve: {escape(str(exc), 600)}", file=sys.stderr)
         return int(ExitCode.USAGE)
     return int(ExitCode.OK)

@@ -1,17 +1,19 @@
 """Configuration: named defaults < a file (TOML or YAML) < ``PREFLIGHT_*`` variables < the CLI.
 
 Loaded once, validated at start: an unknown key or a wrong type is a :class:`ConfigError` that names
-the key and where it came from, and the CLI exits 2 on it.
+the key and where it came from, and the CLI exits 2 on it. Values are numbers, strings, flags and
+lists of strings; ``site_checks`` is a list of tables (:class:`SiteCheck`), set in a file only.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import sys
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ else:  # pragma: no cover
 import yaml
 
 from preflight.core.boundedio import read_bounded
+from preflight.core.textsafe import escape
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -38,6 +41,35 @@ DEFAULT_WATCHED_PACKAGES = (
 
 class ConfigError(ValueError):
     """A configuration value is unknown, of the wrong type, or out of range."""
+
+
+@dataclass(frozen=True)
+class SiteCheck:
+    """A check a site adds without editing preflight: an executable run with a deadline whose
+    exit status is the verdict and whose first line of output is the message
+    (docs/site-checks.md). One table of ``site_checks`` in the config file.
+
+    Attributes:
+        name: the check's name in the report, ``--only`` / ``--skip`` and the metric label
+            (lower case, digits, ``_``; not a built-in check's name).
+        path: absolute path of the executable (run directly, never through a shell).
+        args: its arguments.
+        timeout_s: its deadline, seconds; at the deadline its whole process group is killed.
+        scope: whose fault its FAIL or WARN is: ``node`` (the prolog drains on FAIL) or ``job``.
+        reason: the reason token of its FAIL and WARN (CamelCase); None: ``SiteCheckFailed`` /
+            ``SiteCheckWarning``.
+        remedy: what to do when it fails, shown with the verdict.
+        summary: one line saying what it verifies.
+    """
+
+    name: str
+    path: str
+    args: tuple[str, ...] = ()
+    timeout_s: float = 10.0
+    scope: str = "node"
+    reason: str | None = None
+    remedy: str = ""
+    summary: str = ""
 
 
 @dataclass(frozen=True)
@@ -81,6 +113,11 @@ class Config:
     gpu_speed_timeout_s: float = 30.0
     #: gpu_speed worker engine: auto (cuda, else torch), cuda, torch, cpu (plumbing test).
     gpu_speed_engine: str = "auto"
+    #: Deadline of each step of the DDP ladder (preflight ddp, check --ddp), seconds.
+    ddp_timeout_s: float = 60.0
+    #: Start the GPU workers while NVML is read (interpreter, imports, cuInit: no CUDA context,
+    #: no GPU memory); False: only once NVML says the GPUs are idle.
+    gpu_prestart: bool = True
     #: Treat the job as multi-node even when WORLD_SIZE does not say so.
     multi_node: bool = False
     #: On non-master nodes, try a TCP connect to MASTER_ADDR:MASTER_PORT.
@@ -104,6 +141,42 @@ class Config:
     bandwidth_interval_s: float = 3600.0
     #: Daemon: where to listen.
     listen: str = "127.0.0.1:9857"
+    #: Slurm hooks (prolog, epilog, HealthCheckProgram): the whole run's deadline, seconds (under
+    #: Slurm's MessageTimeout, 10 s by default); whatever hangs, the hook has ended by then.
+    prolog_budget_s: float = 8.0
+    #: A GPU probe that has not answered within this many seconds while the driver is known to
+    #: be initialised is a node fault (``NvmlNotAnswering``); see docs/slurm.md for the figures.
+    gpu_probe_timeout_s: float = 5.0
+    #: Slurm hooks: do not drain when the nodes already drained by preflight are more than this
+    #: fraction of the cluster (one ``sinfo`` call); 1.0 turns the guard off.
+    max_drain_fraction: float = 0.1
+    #: ``--resume``: consecutive passing runs after which a node drained by preflight is resumed.
+    resume_after: int = 2
+    #: Where preflight keeps what it must remember between runs (passes, Xid acknowledgements).
+    state_dir: str = "/var/lib/preflight"
+    #: epilog: GPU memory in use on a GPU without a compute process above which the memory is
+    #: "not released" (the driver itself reserves some; docs/slurm.md has the figure).
+    epilog_idle_memory_max_bytes: int = GiB
+    #: Checks the site adds: executables with a deadline (docs/site-checks.md); file only.
+    site_checks: tuple[SiteCheck, ...] = ()
+
+    # Kubernetes node status, daemon only (docs/kubernetes.md, "Telling the scheduler").
+    #: Daemon: write the condition PreflightFailed on its own Node (named by NODE_NAME).
+    kube_node_status: bool = False
+    #: Daemon: node runs in a row with a node fault before the condition turns True.
+    kube_fail_runs: int = 3
+    #: Daemon: healthy node runs in a row before a True condition turns False again.
+    kube_pass_runs: int = 5
+    #: Daemon: also taint the node cluster-preflight/node-fault:NoSchedule while it is True.
+    kube_node_taint: bool = False
+    #: Daemon: no new mark while more than this fraction of the compared nodes carry one; 1 = off.
+    kube_max_marked_fraction: float = 0.1
+    #: Daemon: label selector of the nodes the guard compares with ("" = every node).
+    kube_guard_selector: str = ""
+    #: Daemon: seconds between two writes of an unchanged condition (its heartbeat).
+    kube_heartbeat_s: float = 300.0
+    #: Daemon: deadline of one Kubernetes API request, seconds.
+    kube_timeout_s: float = 10.0
 
     def replace(self, **changes: Any) -> Config:
         return validate(dataclasses.replace(self, **changes), source="arguments")
@@ -131,14 +204,24 @@ def shown(value: Any) -> str:
 
 
 def cut(text: str, limit: int = 200) -> str:
-    """``text`` on one line, at most ``limit`` characters."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    """``text`` on one line, printable (control characters escaped), at most ``limit``
+    characters."""
+    return escape(" ".join(text.split()), limit)
 
 
 def _coerce(key: str, value: Any, source: str, *, from_text: bool) -> Any:
     """``value`` as the type of ``Config.<key>``, or ConfigError naming the key and source."""
-    hint = _HINTS[key]
+    if key in _TABLES:
+        if from_text:
+            raise ConfigError(f"{source}: {key} is a list of tables: set it in the config file "
+                              "(docs/configuration.md)")
+        return _coerce_tables(key, value, source)
+    return _coerce_value(key, _HINTS[key], value, source, from_text=from_text)
+
+
+def _coerce_value(key: str, hint: Any, value: Any, source: str, *, from_text: bool) -> Any:
+    """``value`` as type ``hint`` (a field of Config or of one of its tables), or ConfigError
+    naming ``key`` and ``source``."""
     args = typing.get_args(hint)
     optional = (typing.get_origin(hint) in (typing.Union, types.UnionType)) and type(None) in args
     base = next((a for a in args if a is not type(None)), hint) if optional else hint
@@ -192,6 +275,70 @@ def _coerce(key: str, value: Any, source: str, *, from_text: bool) -> Any:
     raise ConfigError(f"{source}: {key} must be {kinds[want]}{unset}, got {shown(value)}")
 
 
+#: Config keys that hold a list of tables, and the table's type.
+_TABLES: dict[str, type[SiteCheck]] = {"site_checks": SiteCheck}
+#: Most tables in one list (a site adds a handful of checks).
+MAX_TABLES = 64
+
+
+def _coerce_tables(key: str, value: Any, source: str) -> tuple[Any, ...]:
+    """A list of tables (YAML: a list of mappings; TOML: ``[[key]]``) as ``_TABLES[key]``
+    instances; every error names the entry (``site_checks[2].timeout_s``)."""
+    kind = _TABLES[key]
+    fields = {f.name: f for f in dataclasses.fields(kind)}
+    hints = typing.get_type_hints(kind)
+    required = [n for n, f in fields.items() if f.default is dataclasses.MISSING]
+    if not isinstance(value, list):
+        raise ConfigError(f"{source}: {key} must be a list of tables ({', '.join(required)}, "
+                          f"...), got {shown(value)}")
+    if len(value) > MAX_TABLES:
+        raise ConfigError(f"{source}: {key} has {len(value)} entries, at most {MAX_TABLES}")
+    out = []
+    for i, table in enumerate(value):
+        where = f"{key}[{i}]"
+        if not isinstance(table, dict):
+            raise ConfigError(f"{source}: {where} must be a table with {', '.join(required)}, "
+                              f"got {shown(table)}")
+        unknown = sorted(str(k) for k in table if k not in fields)
+        if unknown:
+            raise ConfigError(f"{source}: {where}: unknown key {shown(unknown[0])} (known keys: "
+                              f"{', '.join(fields)})")
+        missing = [n for n in required if n not in table]
+        if missing:
+            raise ConfigError(f"{source}: {where}: missing {', '.join(missing)}")
+        out.append(kind(**{k: _coerce_value(f"{where}.{k}", hints[k], v, source, from_text=False)
+                           for k, v in table.items()}))
+    return tuple(out)
+
+
+#: A site check's name: a metric label value and an --only word.
+_SITE_NAME = re.compile(r"[a-z][a-z0-9_]{0,47}")
+_REASON = re.compile(r"[A-Z][A-Za-z0-9]{0,63}")
+#: Longest site-check timeout, seconds.
+MAX_SITE_TIMEOUT_S = 600.0
+_MAX_SITE_ARGS = 64
+_MAX_SITE_TEXT = 500
+
+
+def _check_site(sc: SiteCheck, where: str, need: Callable[[bool, str, str], None]) -> None:
+    need(_SITE_NAME.fullmatch(sc.name) is not None, f"{where}.name",
+         "lower-case letters, digits and _ (a letter first, at most 48)")
+    need(sc.path.startswith("/") and len(sc.path) <= _MAX_TEXT_CHARS and "\0" not in sc.path,
+         f"{where}.path", "an absolute path (it is run directly, not looked up in PATH)")
+    need(len(sc.args) <= _MAX_SITE_ARGS and all(len(a) <= _MAX_TEXT_CHARS and "\0" not in a
+                                                 for a in sc.args),
+         f"{where}.args", f"at most {_MAX_SITE_ARGS} strings without NUL")
+    need(math.isfinite(sc.timeout_s) and 0.001 <= sc.timeout_s <= MAX_SITE_TIMEOUT_S,
+         f"{where}.timeout_s", f"a finite number in 0.001..{MAX_SITE_TIMEOUT_S:g} s")
+    need(sc.scope in ("node", "job"), f"{where}.scope", "node or job")
+    need(sc.reason is None or _REASON.fullmatch(sc.reason) is not None, f"{where}.reason",
+         "a CamelCase token (letters and digits, a capital first)")
+    for name in ("remedy", "summary"):
+        text = getattr(sc, name)
+        need(len(text) <= _MAX_SITE_TEXT and text.isprintable(), f"{where}.{name}",
+             f"one printable line of at most {_MAX_SITE_TEXT} characters")
+
+
 #: Inclusive sane ranges; a value outside is a typo or an attack, never a setting.
 _DAY_S = 86400.0
 RANGES: dict[str, tuple[float, float]] = {
@@ -209,11 +356,22 @@ RANGES: dict[str, tuple[float, float]] = {
     "gpu_speed_slow_fraction": (0.001, 1.0),
     "gpu_speed_warn_fraction": (0.001, 1.0),
     "gpu_speed_timeout_s": (0.001, _DAY_S),
+    "ddp_timeout_s": (0.001, _DAY_S),
     "xid_since_s": (0.001, 10 * 365 * _DAY_S),
     "fabric_expected_rate_gbps": (0.001, 100_000.0),
     "fabric_counter_interval_s": (0, 5.0),
     "cluster_relative_floor": (0.05, 0.99),
     "cluster_link_floor": (0.01, 1.0),
+    "kube_fail_runs": (1, 1000),
+    "kube_pass_runs": (1, 1000),
+    "kube_max_marked_fraction": (0, 1.0),
+    "kube_heartbeat_s": (10.0, _DAY_S),
+    "kube_timeout_s": (0.1, 300.0),
+    "prolog_budget_s": (0.5, 3600.0),
+    "gpu_probe_timeout_s": (0.1, 600.0),
+    "max_drain_fraction": (0.0, 1.0),
+    "resume_after": (1, 1000),
+    "epilog_idle_memory_max_bytes": (0, 1 << 44),
 }
 #: Longest string or list a config value may be (a path, a package list).
 _MAX_TEXT_CHARS = 4096
@@ -232,7 +390,7 @@ def validate(config: Config, *, source: str) -> Config:
     :data:`RANGES`, every text and list of a bounded length."""
     def need(ok: bool, key: str, what: str) -> None:
         if not ok:
-            raise ConfigError(f"{source}: {key} must be {what}, got {shown(getattr(config, key))}")
+            raise ConfigError(f"{source}: {key} must be {what}, got {shown(_value(config, key))}")
 
     for key, (low, high) in RANGES.items():
         value = getattr(config, key)
@@ -246,7 +404,7 @@ def validate(config: Config, *, source: str) -> Config:
         if isinstance(value, str):
             need(len(value) <= _MAX_TEXT_CHARS and "\0" not in value, f.name,
                  f"at most {_MAX_TEXT_CHARS} characters without NUL")
-        elif isinstance(value, tuple):
+        elif isinstance(value, tuple) and f.name not in _TABLES:
             need(len(value) <= _MAX_ITEMS and all(len(v) <= _MAX_TEXT_CHARS and "\0" not in v
                                                   for v in value),
                  f.name, f"at most {_MAX_ITEMS} items of at most {_MAX_TEXT_CHARS} characters")
@@ -255,9 +413,49 @@ def validate(config: Config, *, source: str) -> Config:
          "one of auto, torch, nccl4py")
     need(config.gpu_speed_engine in ("auto", "cuda", "torch", "cpu"), "gpu_speed_engine",
          "auto, cuda, torch or cpu")
+    need(config.kube_guard_selector.isascii() and config.kube_guard_selector.isprintable(),
+         "kube_guard_selector", "a label selector in printable ASCII")
+    need(config.state_dir.startswith("/"), "state_dir", "an absolute path")
     port = _listen_port(config.listen)
     need(port is not None and port <= 65535, "listen", "HOST:PORT with a port in 0..65535")
+    need(len(config.site_checks) <= MAX_TABLES, "site_checks", f"at most {MAX_TABLES} entries")
+    seen: set[str] = set()
+    for i, sc in enumerate(config.site_checks):
+        _check_site(sc, f"site_checks[{i}]", need)
+        need(sc.name not in seen, f"site_checks[{i}].name", "a name no other site check has")
+        seen.add(sc.name)
     return config
+
+
+def _value(config: Config, key: str) -> Any:
+    """The value at ``key`` (``listen``, ``site_checks[2].timeout_s``), for error messages."""
+    m = re.fullmatch(r"(\w+)\[(\d+)\]\.(\w+)", key)
+    if m is None:
+        return getattr(config, key)
+    return getattr(getattr(config, m.group(1))[int(m.group(2))], m.group(3))
+
+
+def as_data(config: Config) -> dict[str, Any]:
+    """``config`` as plain data a YAML or JSON file holds (lists, not tuples); loading it back
+    gives the same Config."""
+    def plain(value: Any) -> Any:
+        if isinstance(value, (tuple, list)):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+
+    return {k: plain(v) for k, v in dataclasses.asdict(config).items()}
+
+
+def _known_hint(key: Any) -> str:
+    """The keys closest to a mistyped ``key``, and where every key is listed: the whole list
+    (some forty keys) would make the message longer than a log line should be."""
+    import difflib
+
+    close = difflib.get_close_matches(str(key)[:_MAX_SHOWN_CHARS], sorted(_FIELDS), n=3)
+    did = f"did you mean {', '.join(close)}? " if close else ""
+    return f"{did}every key: preflight docs configuration"
 
 
 def from_mapping(data: Mapping[str, Any], *, source: str, base: Config | None = None,
@@ -266,8 +464,7 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base: Config | None = 
     changes = {}
     for key, value in data.items():
         if key not in _FIELDS:
-            known = ", ".join(sorted(_FIELDS))
-            raise ConfigError(f"{source}: unknown key {key!r} (known keys: {known})")
+            raise ConfigError(f"{source}: unknown key {shown(key)} ({_known_hint(key)})")
         changes[key] = _coerce(key, value, source, from_text=from_text)
     return validate(dataclasses.replace(base or Config(), **changes), source=source)
 
@@ -402,4 +599,4 @@ def load(*, path: str | None, env: Mapping[str, str], overrides: Mapping[str, An
                         source="command line", base=config)
 
 
-__all__ = ["Config", "ConfigError", "GiB", "MiB", "load", "load_file"]
+__all__ = ["Config", "ConfigError", "GiB", "MiB", "SiteCheck", "as_data", "load", "load_file"]

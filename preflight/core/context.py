@@ -1,4 +1,9 @@
-"""What a check is given: config, environment, host paths, probes. Built once per run."""
+"""What a check is given: config, environment, host paths, probes. Built once per run.
+
+The Context serves the probes' data but builds no probe itself: the caller hands it the probes
+(:func:`preflight.probes.node.make_context` for this node, fixtures in tests), so core imports
+nothing above it; the probes' types are named here for the type checker only.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,13 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from preflight.core.config import Config
-from preflight.probes.gpu import FixtureFileGpuProbe, GpuProbe, GpuSnapshot
-from preflight.probes.net import IbSnapshot, NetProbe, NetSnapshot
+
+if TYPE_CHECKING:
+    from preflight.probes.gpu import GpuProbe, GpuSnapshot
+    from preflight.probes.net import IbSnapshot, NetProbe, NetSnapshot
 
 T = TypeVar("T")
 #: Deadline of one name lookup (MASTER_ADDR), seconds.
@@ -45,6 +52,10 @@ def waiting_on(thread_ident: int) -> str | None:
         return _activity.get(thread_ident)
 
 
+class MissingProbe(RuntimeError):
+    """A check asked for facts whose probe this Context was not given (a wiring bug)."""
+
+
 @dataclass
 class Context:
     """Dependencies of the checks, passed in (tests build one with a fixture GPU probe).
@@ -54,8 +65,9 @@ class Context:
         env: the environment the job will see (a copy of ``os.environ`` by default).
         root: where the host's filesystem is mounted (``/``; ``/host`` in a container); every
             ``/proc``, ``/sys``, ``/dev/shm`` path goes through :meth:`host_path`.
-        gpu_probe: source of GPU facts (NVML, or a fixture).
-        net_probe: source of network facts (the live kernel, or a fixture).
+        gpu_probe: source of GPU facts (NVML, or a fixture); None: none given, and a check that
+            asks for GPU facts raises :class:`MissingProbe` (an ERROR, never a verdict).
+        net_probe: source of network facts (the live kernel, or a fixture); None as above.
     """
 
     config: Config
@@ -73,13 +85,6 @@ class Context:
         host would resolve them (see :func:`resolve_under`)."""
         return resolve_under(self.root, path)
 
-    def env_int(self, name: str) -> int | None:
-        """``int(env[name])`` as torch reads it; None when unset, empty or not an integer
-        (``launcher_env`` reports that)."""
-        from preflight.jobenv.launcher import read_int
-
-        return read_int(self.env.get(name))
-
     def cached(self, key: str, make: Callable[[], T]) -> T:
         """Compute ``make()`` once per run, shared by the checks that need it (thread-safe)."""
         with self._lock:
@@ -95,9 +100,7 @@ class Context:
 
     def _net(self) -> NetProbe:
         if self.net_probe is None:
-            from preflight.probes.net import LiveNetProbe
-
-            self.net_probe = LiveNetProbe()
+            raise MissingProbe("this run was given no network probe")
         return self.net_probe
 
     def interfaces(self) -> NetSnapshot:
@@ -111,7 +114,7 @@ class Context:
         with activity(f"reading {path}"):
             return self.cached("net.ib", lambda: self._net().ib(path))
 
-    def resolve(self, host: str) -> tuple[tuple[int, str], ...]:
+    def resolve_host(self, host: str) -> tuple[tuple[int, str], ...]:
         """``host``'s addresses, once per run, within RESOLVE_TIMEOUT_S (a third of a check's
         deadline at most).
 
@@ -121,7 +124,7 @@ class Context:
         timeout = min(RESOLVE_TIMEOUT_S, self.config.check_timeout_s / 3)
         with activity(f"resolving MASTER_ADDR {host} (getaddrinfo)"):
             return self.cached(f"net.resolve:{host}",
-                               lambda: self._net().resolve(host, timeout_s=timeout))
+                               lambda: self._net().resolve_host(host, timeout_s=timeout))
 
     def route_source(self, family: int, address: str) -> str:
         """The source address the kernel picks to reach ``address``; raises OSError: no route."""
@@ -130,19 +133,8 @@ class Context:
 
     def _probe_gpus(self) -> GpuSnapshot:
         if self.gpu_probe is None:
-            from preflight.probes.nvml import NvmlGpuProbe
-
-            self.gpu_probe = NvmlGpuProbe(sys_root=self.host_path("/sys"))
+            raise MissingProbe("this run was given no GPU probe")
         return self.gpu_probe.snapshot()
-
-
-def default_gpu_probe(env: Mapping[str, str]) -> GpuProbe | None:
-    """A fixture probe when ``PREFLIGHT_NVML_FIXTURE`` names a snapshot file, else None (NVML).
-
-    The fixture replays a captured or made-up node (tests, demos, docs); NVML is used otherwise.
-    """
-    fixture = env.get("PREFLIGHT_NVML_FIXTURE")
-    return FixtureFileGpuProbe(fixture) if fixture else None
 
 
 #: Symlinks followed while resolving one path under --root (Linux's own limit, MAXSYMLINKS).
@@ -185,9 +177,3 @@ def resolve_under(root: str | Path, path: str) -> Path:
             done = []
         todo.extend(reversed([p for p in target.split("/") if p and p != "."]))
     return base.joinpath(*done)
-
-
-def make_context(config: Config, *, env: Mapping[str, str] | None = None,
-                 root: str | Path = "/") -> Context:
-    env = dict(os.environ if env is None else env)
-    return Context(config=config, env=env, root=Path(root), gpu_probe=default_gpu_probe(env))

@@ -221,7 +221,7 @@ class Report:
 
 
 class ExitCode(enum.IntEnum):
-    """Exit codes of every one-shot command (ARCHITECTURE.md)."""
+    """Exit codes of every one-shot command (README, "Commands")."""
 
     OK = 0
     FAILED = 1

@@ -1,6 +1,6 @@
 """``preflight serve``: a long-running daemon that keeps a fresh verdict and serves it as metrics.
 
-Design (docs/architecture.md, Daemon; STYLE habit 11), one module per concern:
+Design (docs/daemon.md), one module per concern:
 
 * :mod:`.child` -- checks run in a **child process** (``python -m preflight check --json
   --no-bandwidth``) with a deadline; when it passes, the child's whole process group is killed and

@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from preflight.bench.gate import blocker
 from preflight.checks import GPU_LOAD_CHECKS
@@ -35,6 +36,9 @@ from preflight.daemon.systemd import sd_notify, watchdog_interval_s
 from preflight.outputs.prom import DaemonStats, MetricsSnapshot, render
 from preflight.probes.gpu import GpuSnapshot
 from preflight.probes.xid_events import XidWatcher
+
+if TYPE_CHECKING:
+    from preflight.daemon.kube import NodeStatus
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +62,8 @@ class Daemon:
         load_config: re-reads the config (file < environment < command line) on SIGHUP.
         runner: runs checks; default :class:`ChildRunner` (tests inject a fake, slow one).
         gpus: fresh GPU snapshot for the "is a job using the GPUs?" question (NVML).
-        known_checks: checks whose series exist from the first scrape.
+        known_checks: checks whose series exist from the first scrape (the config's site checks
+            are added to them, reload after reload).
         bandwidth: run the bandwidth test at all (default: when an ``allreduce`` check exists).
         root: where the host filesystem is mounted (``--root``).
         grace_s: how much longer than its checks' deadline a run may take (child start-up).
@@ -66,6 +71,8 @@ class Daemon:
         clock: monotonic seconds (tests).
         xid_watcher: counts NVML Xid events on its own thread (started and stopped with the
             daemon; never waited on); None = Xids only from each check run's kernel log.
+        node_status: writes the node's condition to Kubernetes on its own thread (default:
+            made from the config when ``kube_node_status`` is on; preflight.daemon.kube).
     """
 
     def __init__(self, config: Config, *, load_config: Callable[[], Config] | None = None,
@@ -74,8 +81,14 @@ class Daemon:
                  root: str = "/", env: Mapping[str, str] | None = None,
                  grace_s: float = CHILD_GRACE_S,
                  clock: Callable[[], float] = time.monotonic,
-                 xid_watcher: XidWatcher | None = None) -> None:
+                 xid_watcher: XidWatcher | None = None,
+                 node_status: NodeStatus | None = None) -> None:
         self._xid = xid_watcher
+        if node_status is None and config.kube_node_status:
+            from preflight.daemon.kube import from_config
+
+            node_status = from_config(config, os.environ if env is None else env)
+        self._kube = node_status
         if known_checks is None:
             from preflight.checks import CHECKS
 
@@ -115,6 +128,11 @@ class Daemon:
     def _changed(self) -> None:
         self._generation += 1
 
+    def checks(self) -> tuple[str, ...]:
+        """The checks of this config: the known ones, then the site checks it adds."""
+        site = [sc.name for sc in self.config.site_checks if sc.name not in self.known_checks]
+        return (*self.known_checks, *site)
+
     def report(self) -> Report | None:
         """The last node report with the last bandwidth result merged in; None before any run."""
         with self._lock:
@@ -125,7 +143,7 @@ class Daemon:
             return node
         results = [r for r in node.results if r.check not in GPU_LOAD_CHECKS]
         results += [r for r in bw.results if r.check in GPU_LOAD_CHECKS]
-        order = {name: i for i, name in enumerate(self.known_checks)}
+        order = {name: i for i, name in enumerate(self.checks())}
         results.sort(key=lambda r: order.get(r.check, len(order)))
         return dataclasses.replace(node, results=tuple(results),
                                    bandwidth=bw.bandwidth or node.bandwidth)
@@ -139,7 +157,7 @@ class Daemon:
                                 interval_s=self.config.interval_s,
                                 xid_counts=self._xid.counts() if self._xid else None,
                                 xid_watching=self._xid.watching if self._xid else False)
-        return MetricsSnapshot(report=self.report(), known_checks=self.known_checks,
+        return MetricsSnapshot(report=self.report(), known_checks=self.checks(),
                                daemon=stats)
 
     def metrics(self) -> bytes:
@@ -149,12 +167,24 @@ class Daemon:
             generation = (self._generation, self._xid.version if self._xid else 0)
             cached_generation, text = self._rendered
         if cached_generation == generation:
-            return text
+            return text + self._kube_metrics()
         text = render(self.snapshot())
         with self._lock:
             if self._generation == generation[0]:
                 self._rendered = (generation, text)
-        return text
+        return text + self._kube_metrics()
+
+    def _kube_metrics(self) -> bytes:
+        """The node-status writer's few series, rendered on every scrape (they change between
+        runs, with each write)."""
+        if self._kube is None:
+            return b""
+        from prometheus_client.core import CollectorRegistry
+        from prometheus_client.exposition import generate_latest
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self._kube)
+        return generate_latest(registry)
 
     def health(self) -> Health:
         """Alive when the loop ran within two intervals (plus the deadline of a run in progress:
@@ -183,7 +213,7 @@ class Daemon:
         config = self.config
         expected = ([c for c in self.known_checks if c in GPU_LOAD_CHECKS]
                     if kind is RunKind.BANDWIDTH
-                    else [c for c in self.known_checks if c not in GPU_LOAD_CHECKS])
+                    else [c for c in self.checks() if c not in GPU_LOAD_CHECKS])
         with self._run_lock:
             self._beat()
             start = self._clock()
@@ -221,6 +251,10 @@ class Daemon:
                if r.status >= Status.WARN]
         log.info("%s run: %s in %.1f s%s", kind.value, report.status.word, end - start,
                  f": {', '.join(bad)}" if bad else "")
+        if kind is RunKind.NODE and self._kube is not None:
+            merged = self.report()
+            if merged is not None:
+                self._kube.observe(merged)  # counts and wakes its thread; no I/O here
         return report
 
     def _gpus_busy(self) -> str | None:
@@ -240,7 +274,7 @@ class Daemon:
                 if self._gpus is not None:
                     snap = self._gpus()
                 else:
-                    from preflight.core.context import make_context
+                    from preflight.probes.node import make_context
 
                     snap = make_context(self.config, env=self._env, root=self.root).gpus()
                 answer.append(_busy_gpus(snap))
@@ -329,6 +363,8 @@ class Daemon:
             t.start()
         if self._xid is not None:
             self._xid.start()
+        if self._kube is not None:
+            self._kube.start()
         sd_notify(f"READY=1\nSTATUS=serving on {shown}:{bound_port}\nMAINPID={os.getpid()}",
                   self._env)
 
@@ -340,6 +376,8 @@ class Daemon:
         self._runner.kill()
         if self._xid is not None:
             self._xid.stop(timeout_s=0.5)
+        if self._kube is not None:
+            self._kube.stop(timeout_s=0.5)
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -366,6 +404,12 @@ class Daemon:
                 log.warning("listen changed to %s in the config; restart the daemon to apply it "
                             "(still serving on %s)", new.listen, self.config.listen)
                 new = new.replace(listen=self.config.listen)
+            kube = {k: getattr(self.config, k) for k in dataclasses.asdict(self.config)
+                    if k.startswith("kube_") and getattr(new, k) != getattr(self.config, k)}
+            if kube:
+                log.warning("%s changed in the config; restart the daemon to apply it (the node "
+                            "status keeps its settings)", ", ".join(sorted(kube)))
+                new = new.replace(**kube)
             self.config = new
             log.warning("config reloaded (interval %g s, bandwidth interval %g s)",
                         new.interval_s, new.bandwidth_interval_s)

@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
 from preflight.core.result import Report
+from preflight.core.textsafe import escape
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +146,20 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def do_GET(self) -> None:
+        try:
+            self._get()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client left
+        except Exception as exc:
+            # The child's report is validated before it is kept, so this is a bug of ours; a
+            # request still gets an answer, and the log one line, not a traceback per scrape.
+            log.error("cannot answer %s: %s: %s", escape(self.path, 100), type(exc).__name__,
+                      escape(str(exc), 200))
+            self._send(HTTPStatus.INTERNAL_SERVER_ERROR,
+                       b"preflight serve: internal error; see the daemon's log\n",
+                       "text/plain; charset=utf-8")
+
+    def _get(self) -> None:
         daemon = self.server.preflight
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
@@ -165,8 +180,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, b"preflight serve: /metrics /healthz /report\n",
                        "text/plain; charset=utf-8")
         else:
-            self._send(HTTPStatus.NOT_FOUND, f"no such page {path!r}; try /metrics /healthz "
-                       "/report\n".encode(), "text/plain; charset=utf-8")
+            self._send(HTTPStatus.NOT_FOUND, f"no such page {escape(path, 100)!r}; try /metrics "
+                       "/healthz /report\n".encode(), "text/plain; charset=utf-8")
 
     do_HEAD = do_GET
 

@@ -1,38 +1,24 @@
-"""``preflight explain``: read a failed job's torchrun / PyTorch / NCCL logs and say what broke,
-in which layer (environment, communication, data, model; plus hardware), on which ranks, and how
-to fix it (docs/explain.md).
+"""``preflight explain``: read a failed job's torchrun / PyTorch / NCCL logs (and PyTorch's flight
+recorder dumps) and say what broke, in which layer (environment, communication, data, model;
+plus hardware), on which ranks, and how to fix it (docs/explain.md).
 
-Pure functions over lines (rules.py, ranks.py), a streaming classifier over blocks of lines
-(classifier.py, reader.py) and renderers (output.py). Nothing here touches the node.
+Rules are plain data (rules.py); line matching (matching.py), block windows (blocks.py), rank
+facts and rule hooks (facts.py), progress (progress.py) and the assembly (classifier.py) work on
+blocks of lines from the reader (reader.py), after decoding (decode.py: gzip, zstd, UTF-16/32);
+flight recorder dumps are read as plain data and matched across ranks (flightrec.py); sources.py
+tells the inputs apart. Output types in model.py, renderers in output.py.
+Nothing here touches the node, and nothing here depends on anything but the standard library.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import BinaryIO
-
-from preflight.explain.classifier import (
-    Classifier,
-    Evidence,
-    Explanation,
-    Finding,
-    RankSummary,
-    classify_texts,
-    match_line,
-)
+from preflight.explain.classifier import Classifier, classify_texts
+from preflight.explain.matching import match_line
+from preflight.explain.model import Diagnosis, Evidence, Explanation, RankSummary
 from preflight.explain.reader import iter_blocks
 from preflight.explain.rules import RULES, Layer, Rule
+from preflight.explain.sources import explain_streams
 
-
-def explain_streams(streams: Iterable[tuple[str, BinaryIO]]) -> Explanation:
-    """Classify ``(name, binary stream)`` pairs, streaming, in bounded memory."""
-    c = Classifier()
-    for name, stream in streams:
-        c.begin(name)
-        for block in iter_blocks(stream):
-            c.feed(block)
-    return c.finish()
-
-
-__all__ = ["RULES", "Classifier", "Evidence", "Explanation", "Finding", "Layer", "RankSummary",
-           "Rule", "classify_texts", "explain_streams", "iter_blocks", "match_line"]
+__all__ = ["RULES", "Classifier", "Diagnosis", "Evidence", "Explanation", "Layer",
+           "RankSummary", "Rule", "classify_texts", "explain_streams", "iter_blocks",
+           "match_line"]

@@ -1,11 +1,18 @@
-"""Render an Explanation for a person (text) or a script (JSON, ARCHITECTURE.md's schema)."""
+"""Render an Explanation for a person (text) or a script (JSON).
+
+Everything a log or a dump put into the answer (evidence lines, messages built from them, file
+names, notes) can hold control characters: a crafted log could set the terminal's title or clear
+the screen. The text form escapes them (``\\e``, ``\\x07``, ``\\x00``...: core.textsafe); the JSON
+form keeps the data and escapes them as JSON does (``\\u001b``).
+"""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from preflight.explain.classifier import Explanation
+from preflight.core.textsafe import escape
+from preflight.explain.model import Explanation
 from preflight.explain.ranks import compress
 
 
@@ -20,17 +27,20 @@ def render_text(expl: Explanation) -> str:
     size_mb = expl.bytes_read / 1e6
     head = (f"read {len(expl.sources)} file{'s' if len(expl.sources) != 1 else ''}, "
             f"{expl.lines} lines, {size_mb:.1f} MB")
+    tail = [f"not read: {escape(src)}: {escape(why)}" for src, why in expl.unread]
+    tail += [f"note: {escape(n)}" for n in expl.notes]
     if not expl.findings:
-        return f"{head}\nnothing recognised: no known failure class in these logs"
+        return "\n".join([f"{head}", "nothing recognised: no known failure class in these logs",
+                          *tail])
     out = [f"{head}; {len(expl.findings)} finding{'s' if len(expl.findings) != 1 else ''}, "
            "root cause first:", ""]
     for i, f in enumerate(expl.findings, 1):
         ranks = f"  ranks {compress(f.ranks)}" if f.ranks else ""
         out.append(f"{i}. {f.reason} [{f.layer.value}]{ranks}")
-        out.append(f"   {f.message}")
+        out.append(f"   {escape(f.message)}")
         out.append("   evidence:")
-        out.extend(f"     {e.source}:{e.line}: {e.text}" for e in f.evidence)
-        out.append(f"   fix: {f.remedy}")
+        out.extend(f"     {escape(e.source)}:{e.line}: {escape(e.text)}" for e in f.evidence)
+        out.append(f"   fix: {escape(f.remedy)}")
         out.append("")
     r = expl.ranks
     facts: list[str] = []
@@ -50,4 +60,5 @@ def render_text(expl: Explanation) -> str:
         facts.append(f"never reported progress {compress(r.never_reported)}")
     if facts:
         out.append("ranks: " + "; ".join(facts))
+    out.extend(tail)
     return "\n".join(out).rstrip()

@@ -1,9 +1,10 @@
 """Which rank printed a line, and how far each rank got (pure functions over decoded lines).
 
-Prefixes understood (issue 6, item 3):
+Prefixes understood:
 
 * ``[rank3]:``: PyTorch's own prefix on C++ log lines and tracebacks (global rank);
 * ``[Rank 3]`` or ``[PG ID 0 PG GUID 0(default_pg) Rank 3]``: inside ProcessGroupNCCL messages;
+* ``[rank: 3]``: Lightning's rank-prefixed messages;
 * ``[default3]:``: torchrun's ``--tee``/``--log-dir`` prefix ``[${role_name}${local_rank}]:``
   (torch/distributed/elastic/agent/server/local_elastic_agent.py): the LOCAL rank, equal to the
   global rank on a single node;
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 ROLE_PREFIX = re.compile(r"\[([A-Za-z_][A-Za-z_-]{0,30})(\d{1,7})\]:")
 TORCH_RANK = re.compile(r"\[rank(\d{1,7})\]:")
 PG_RANK = re.compile(r"\bRank (\d{1,7})\]")
+#: Lightning's ``rank_prefixed_message``: ``[rank: 2] Child process with PID ...``.
+LIGHTNING_RANK = re.compile(r"\[rank: (\d{1,7})\] ")
 NCCL_PREFIX = re.compile(r"([\w.-]{1,253}):(\d{1,10}):\d{1,10} \[(\d{1,4})\] ")
 NCCL_INIT = re.compile(r"\brank (\d{1,7}) n[Rr]anks (\d{1,7})\b")
 WORLD_SIZES = re.compile(r"global_world_sizes=\[(\d{1,7})")
@@ -68,6 +71,9 @@ def line_rank(line: str) -> LineRank:
     if m:
         return LineRank(int(m.group(1)))
     m = PG_RANK.search(rest, 0, MAX_MATCH_CHARS)
+    if m:
+        return LineRank(int(m.group(1)))
+    m = LIGHTNING_RANK.search(rest, 0, 200)
     if m:
         return LineRank(int(m.group(1)))
     if role is not None:

@@ -1,6 +1,6 @@
 """Streaming reader: a log of any size as bounded byte blocks that end at a line break.
 
-``preflight explain`` must read a 1 GB log at >= 50 MB/s in bounded memory (issue 6), so the
+``preflight explain`` must read a 1 GB log at >= 50 MB/s in bounded memory, so the
 classifier works on blocks of whole lines (4 MiB by default) instead of one Python call per line.
 A "line" longer than ``max_line_bytes`` (a binary file, a progress bar without newlines) is cut
 there, so memory stays bounded by ``block_bytes + max_line_bytes`` whatever the input.

@@ -1,14 +1,17 @@
 """The failure classes ``preflight explain`` recognises: one Rule per reason.
 
 Each rule names its layer (environment, communication, data, model; plus hardware), the regexes
-that recognise it, a message template and the remedy, citing PyTorch's and NCCL's public docs.
-Rules are plain data so that docs/explain.md and the tests can walk them.
+that recognise it in a line, the traceback frames that recognise it in a traceback cut short, a
+message template and the remedy, citing PyTorch's and NCCL's public docs. Rules are plain data
+(docs/explain.md and the tests walk them): what a rule's matches carry beyond their message is
+named by its ``hook`` (implemented in facts.py) and its ``progress`` policy, never by the
+classifier testing a reason's name.
 
 Regexes run on one line at a time (a line is at most a few KiB after the reader's cut), use only
 bounded repetitions or character classes followed by literals, and never nest quantifiers, so no
 input can make them backtrack for long (tests/explain property-tests them on garbage).
 
-``tier`` orders findings cause-first (issue 6, "root cause first"): 0 an origin (a full /dev/shm, a
+``tier`` orders findings cause-first ("root cause first"): 0 an origin (a full /dev/shm, a
 NIC error, an OOM), 1 a rank killed by a signal (the kill is the cause of what the other ranks
 print, but a specific origin in the same log - an OOM, a full /dev/shm - says why it died), 2 an
 error that usually wraps an origin (ncclSystemError, a rendezvous timeout, a refused NCCL
@@ -45,6 +48,9 @@ class Pattern:
         follow: how many following lines to add to the evidence (NCCL's "Last error:" detail).
         last: a finding that only such patterns hit goes after every other finding (torchrun
             itself stopped by a signal from outside: the cause only when nothing else is found).
+        only_with: a finding that only such patterns hit counts only when the log also has a
+            finding of this reason (a launcher's memory report is evidence for a kill, not a
+            failure by itself).
     """
 
     regex: re.Pattern[str]
@@ -52,11 +58,55 @@ class Pattern:
     layer: Layer | None = None
     follow: int = 0
     last: bool = False
+    only_with: str = ""
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A Python traceback frame that names a failure class even when the traceback was cut
+    before its last line (people paste what fits).
+
+    Attributes:
+        function: the frame's function (``File "...", line N, in FUNCTION``).
+        source: searched in the frame's source line (the line below, the code that raised).
+        message: ``str.format`` template over ``source``'s named groups.
+    """
+
+    function: str
+    source: re.Pattern[str]
+    message: str
+
+
+class Hook(str, enum.Enum):
+    """What a rule's matches carry beyond their message (facts.py implements each).
+
+    ``signal``: the signal of a killed process is named (number, name or a launcher's word for
+    it); a launcher's own stop of the other ranks is no kill; a failure summary lends its rank;
+    a kill that is the watchdog's own abort of a rank another finding names goes last.
+    ``watchdog``: per-rank SeqNum/OpType, the ranks that timed out and those that did not.
+    ``socket_ifname``: the ``*_SOCKET_IFNAME`` the log shows set.
+    ``nccl_detail``: what NCCL itself said (its WARN lines, the ``Last error:`` detail).
+    """
+
+    NONE = "none"
+    SIGNAL = "signal"
+    WATCHDOG = "watchdog"
+    SOCKET_IFNAME = "socket_ifname"
+    NCCL_DETAIL = "nccl_detail"
 
 
 @dataclass(frozen=True)
 class Rule:
-    """A failure class: reason token, layer, cause-first tier, remedy, patterns, an example line."""
+    """A failure class: reason token, layer, cause-first tier, remedy, patterns, an example line.
+
+    Attributes:
+        frames: traceback frames that recognise the class without its last line.
+        hook: what its matches carry beyond the message (:class:`Hook`).
+        progress: a cause that lists the ranks that stopped progressing first beside it (off
+            for failures before training starts, where progress says nothing).
+        generic: an error code that wraps a more specific cause (ncclSystemError): any other
+            finding of its tier goes before it.
+    """
 
     reason: str
     layer: Layer
@@ -64,11 +114,19 @@ class Rule:
     remedy: str
     patterns: tuple[Pattern, ...]
     example: str
+    frames: tuple[Frame, ...] = ()
+    hook: Hook = Hook.NONE
+    progress: bool = True
+    generic: bool = False
 
 
 def _p(regex: str, message: str, *, layer: Layer | None = None, follow: int = 0,
-       last: bool = False) -> Pattern:
-    return Pattern(re.compile(regex), message, layer, follow, last)
+       last: bool = False, only_with: str = "") -> Pattern:
+    return Pattern(re.compile(regex), message, layer, follow, last, only_with)
+
+
+def _f(function: str, source: str, message: str) -> Frame:
+    return Frame(function, re.compile(source), message)
 
 
 ORIGIN, KILLED, WRAPPER, SYMPTOM = 0, 1, 2, 3
@@ -95,6 +153,7 @@ RULES: tuple[Rule, ...] = (
         "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
         "network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, "
         "message: address already in use",
+        progress=False,
     ),
     Rule(
         "MissingLauncherEnv", Layer.ENVIRONMENT, ORIGIN,
@@ -111,9 +170,23 @@ RULES: tuple[Rule, ...] = (
             _p(r"KeyError: '(?P<var>RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|MASTER_ADDR|"
                r"MASTER_PORT|GROUP_RANK)'",
                "the script reads {var} from the environment but the launcher did not set it"),
+            # the raising line of torch.distributed.rendezvous, when the traceback was cut
+            # before the ValueError itself
+            _p(r"(?:_env_error|_get_env_or_raise)\(\s{0,4}[\"'](?P<var>[A-Z_]{2,40})[\"']\)",
+               "the launcher variable {var} is not set (env:// rendezvous; from the "
+               "traceback's raising line)"),
         ),
         "ValueError: Error initializing torch.distributed using env:// rendezvous: environment "
         "variable RANK expected, but not set",
+        frames=(
+            # torch.distributed.rendezvous: 1.x raises _env_error("VAR") in the handler itself,
+            # 2.x calls _get_env_or_raise("VAR") from it; either names the variable
+            _f("_env_rendezvous_handler",
+               r"(?:_env_error|_get_env_or_raise)\(\s{0,4}[\"'](?P<var>[A-Z_]{2,40})[\"']",
+               "the launcher variable {var} is not set (env:// rendezvous; from the traceback's "
+               "frames)"),
+        ),
+        progress=False,
     ),
     Rule(
         "InvalidDeviceOrdinal", Layer.ENVIRONMENT, ORIGIN,
@@ -161,6 +234,7 @@ RULES: tuple[Rule, ...] = (
                "gloo found no address for interface {ifname} (GLOO_SOCKET_IFNAME)"),
         ),
         "node01:4102:4102 [0] NCCL WARN Bootstrap : no socket interface found",
+        hook=Hook.SOCKET_IFNAME,
     ),
     Rule(
         "ShmExhausted", Layer.COMMUNICATION, ORIGIN,
@@ -307,6 +381,39 @@ RULES: tuple[Rule, ...] = (
         "RuntimeError: DataLoader worker (pid(s) 51234) exited unexpectedly",
     ),
     Rule(
+        "HostOutOfMemory", Layer.ENVIRONMENT, ORIGIN,
+        "the host (or the job's memory limit) ran out of memory and the kernel killed a rank: "
+        "see `dmesg -T | grep -i -E 'killed process|out of memory'`, `sacct -j JOB -o MaxRSS`, "
+        "`kubectl describe pod` (OOMKilled); lower host memory per rank: fewer DataLoader "
+        "num_workers / prefetch_factor, no pin_memory on a full host, load the checkpoint with "
+        "`map_location` and `mmap=True` or rank by rank, raise the job's memory limit "
+        "(`--mem`, the pod's limits)",
+        (
+            _p(r"Memory cgroup out of memory: Kill(?:ed)? process (?P<pid>\d{1,10}) "
+               r"\((?P<comm>[^)\n]{1,64})\)",
+               "the memory cgroup (a job or container memory limit) killed process {pid} "
+               "({comm})"),
+            _p(r"Out of memory: Kill(?:ed)? process (?P<pid>\d{1,10}) \((?P<comm>[^)\n]{1,64})\)",
+               "the kernel's OOM killer killed process {pid} ({comm})"),
+            _p(r"Killed process (?P<pid>\d{1,10}) \((?P<comm>[^)\n]{1,64})\) total-vm",
+               "the kernel's OOM killer killed process {pid} ({comm})"),
+            _p(r"srun: error: (?P<host>[\w.-]{1,253}): tasks? (?P<tasks>[\d,-]{1,60}): Out Of "
+               r"Memory", "srun task {tasks} on {host} ran out of memory (its cgroup limit)"),
+            _p(r"oom-kill:constraint=(?P<c>CONSTRAINT_[A-Z]{1,20})",
+               "the kernel's OOM killer acted ({c})"),
+            _p(r"Detected (?P<n>\d{1,6}) oom[_-]kill events?",
+               "Slurm saw {n} oom-kill event(s) in the job step (its cgroup memory limit)"),
+            _p(r"\bOOMKilled\b", "the container was OOMKilled (its memory limit)"),
+            # DeepSpeed's see_memory_usage: evidence for a SIGKILL, not a failure by itself
+            _p(r"CPU Virtual Memory: {0,4}used = (?P<used>[\d.]{1,12} ?GB), percent = "
+               r"(?P<pct>(?:8\d|9\d|100)(?:\.\d{1,3})?)%",
+               "host memory was at {pct}% ({used} used) in the launcher's memory report",
+               only_with="RankKilled"),
+        ),
+        "Out of memory: Killed process 48213 (python) total-vm:412331628kB, "
+        "anon-rss:250112412kB, file-rss:0kB, shmem-rss:0kB, UID:1000 pgtables:493512kB",
+    ),
+    Rule(
         "RankKilled", Layer.ENVIRONMENT, KILLED,
         "SIGKILL (-9): the kernel's OOM killer or the scheduler (memory limit, time limit, "
         "preemption) killed the rank: `dmesg -T | grep -i -E 'killed process|out of memory'` or "
@@ -320,8 +427,10 @@ RULES: tuple[Rule, ...] = (
         "(\"Received 15 death signal\", \"SignalException ... got signal\"): the job was stopped "
         "from outside (`sacct -j JOB -o State,Elapsed,Timelimit`, `kubectl describe pod`; "
         "SIGHUP: the ssh session closed, use tmux / nohup); if it had hung before that, rerun "
-        "with `TORCH_NCCL_TRACE_BUFFER_SIZE=2000` and a process-group timeout shorter than the "
-        "job's limit so the hang is named",
+        "with the flight recorder on (`TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
+        "TORCH_FR_DUMP_TEMP_FILE=/shared/fr/rank_`; torch < 2.8: `TORCH_NCCL_TRACE_BUFFER_SIZE`) "
+        "and a process-group timeout shorter than the job's limit, then `preflight explain "
+        "/shared/fr/` names the rank that did not join",
         (
             _p(r"failed \(exitcode: -(?P<sig>\d{1,2})\) local_rank: (?P<local>\d{1,7})",
                "local rank {local} was killed by {name}: {hint}"),
@@ -332,6 +441,42 @@ RULES: tuple[Rule, ...] = (
                "{who} was killed by {name}: {hint}"),
             _p(r"process (?P<rank>\d{1,7}) terminated with signal (?P<name>SIG[A-Z]{2,8})",
                "process {rank} (mp.spawn) was killed by {name}: {hint}"),
+            # torch.distributed.launch (1.x), accelerate and DeepSpeed run their workers with
+            # subprocess: CalledProcessError "... died with <Signals.SIGKILL: 9>."
+            _p(r"died with <Signals\.(?P<name>SIG[A-Z]{2,8}): (?P<sig>\d{1,2})>",
+               "a process the launcher started was killed by {name}: {hint}"),
+            # DeepSpeed's launcher: "[launch.py:...:sigkill_handler] [...] exits with return
+            # code = -9"
+            _p(r"exits with return code = -(?P<sig>\d{1,2})\b",
+               "a rank DeepSpeed's launcher started was killed by {name}: {hint}"),
+            # DeepSpeed's launcher (and torch.distributed.launch 1.x) stopping the other ranks once
+            # one ended: "[launch.py:318:sigkill_handler] Killing subprocess 94984". How that
+            # rank ended is in another line (its return code); on its own this is the end of
+            # the job, the cause only when nothing else is found
+            _p(r"Killing subprocess (?P<pid>\d{1,10})",
+               "the launcher stopped its ranks after one of them ended ({who} among them): the "
+               "rank that ended first says why; a host memory report near 100 % before it "
+               "points at the OOM killer", last=True),
+            # Lightning's process observer: "Child process with PID 12 terminated with code -9"
+            _p(r"Child process with PID (?P<pid>\d{1,10}) terminated with code -(?P<sig>\d{1,2})",
+               "{who} (Lightning) was killed by {name}: {hint}"),
+            # srun: "srun: error: node01: task 3: Killed", "tasks 0-3: Segmentation fault"
+            _p(r"srun: error: (?P<host>[\w.-]{1,253}): tasks? (?P<tasks>[\d,-]{1,60}): "
+               r"(?P<word>Killed|Segmentation fault|Aborted|Bus error|Terminated)",
+               "srun task {tasks} on {host} was killed by {name}: {hint}"),
+            # the shell's job control ("line 28:  8156 Killed   python3 main.py") and an IDE's
+            # "exit code 137 (interrupted by signal 9: SIGKILL)"
+            _p(r"(?P<pid>\d{1,10}) Killed\s{1,40}(?:python|torchrun|deepspeed|accelerate)",
+               "{who} was killed by SIGKILL (the shell says Killed): likely the host's OOM killer "
+               "or the scheduler (check `dmesg` / `journalctl -k`)"),
+            _p(r"exit code 137 \(interrupted by signal (?P<sig>\d{1,2}): ?"
+               r"(?P<name>SIG[A-Z]{2,8})\)",
+               "the process was killed by {name}: {hint}"),
+            # Slurm itself ended the job or step: a stop from outside, like torchrun's own
+            _p(r"\*\*\* (?:JOB|STEP) (?P<job>[\d.]{1,30}) ON (?P<host>\S{1,253}) CANCELLED AT "
+               r"\S{1,40} DUE TO (?P<why>TIME LIMIT|PREEMPTION|NODE FAILURE)",
+               "Slurm cancelled job {job} on {host} due to {why}: the job was stopped from "
+               "outside", last=True),
             # torchrun (the elastic agent) itself stopped by a signal, every torch 2.x: "Received
             # 15 death signal, shutting down workers" and "SignalException: Process PID got
             # signal: 15". Nothing in the job failed by itself: a time limit, preemption,
@@ -343,6 +488,7 @@ RULES: tuple[Rule, ...] = (
         ),
         "E1129 10:12:58.835000 803 torch/distributed/elastic/multiprocessing/api.py:986] failed "
         "(exitcode: -9) local_rank: 1 (pid: 825) of binary: /opt/torch/.venv/bin/python",
+        hook=Hook.SIGNAL,
     ),
     Rule(
         "NcclSystemError", Layer.COMMUNICATION, WRAPPER,
@@ -367,6 +513,8 @@ RULES: tuple[Rule, ...] = (
         "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
         "NCCLUtils.hpp:317, unhandled system error (run with NCCL_DEBUG=INFO for details), "
         "NCCL version 2.21.5",
+        hook=Hook.NCCL_DETAIL,
+        generic=True,
     ),
     Rule(
         "RendezvousTimeout", Layer.ENVIRONMENT, WRAPPER,
@@ -394,12 +542,29 @@ RULES: tuple[Rule, ...] = (
                "a rank could not connect to the store at {addr}"),
             _p(r"wait timeout after (?P<t>\d{1,12})ms, keys:",
                "a rank waited {t} ms for the other ranks' keys in the store"),
+            _p(r"connect\(\) timed out\. Original timeout was (?P<ms>\d{1,12}) ms",
+               "a rank could not connect to the store within {ms} ms"),
+            _p(r"RendezvousConnectionError|[Tt]he connection to the C10d store has failed",
+               "torchelastic could not reach the c10d rendezvous store (--rdzv_endpoint)"),
             _p(r"RendezvousTimeoutError|[Rr]endezvous[^\n]{0,120}timed out|"
                r"Initialization timed out|Socket Timeout|connectFullMesh failed",
                "the rendezvous (store or gloo connect) timed out"),
         ),
         "torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. "
         "3/4 clients joined.",
+        frames=(
+            _f("_create_tcp_store", r"\bTCPStore\(",
+               "torchelastic's c10d rendezvous store at --rdzv_endpoint could not be created or "
+               "reached (from the traceback's frames)"),
+            _f("_create_c10d_store", r"\bTCPStore\(",
+               "the TCPStore at MASTER_ADDR:MASTER_PORT could not be created or reached (from "
+               "the traceback's frames)"),
+            _f("init_process_group", r"next\(\s{0,4}rendezvous_iterator",
+               "init_process_group failed in its rendezvous (from the traceback's frames)"),
+            _f("next_rendezvous", r"\S",
+               "torchelastic's rendezvous of the nodes failed (from the traceback's frames)"),
+        ),
+        progress=False,
     ),
     Rule(
         "NcclConnectFailed", Layer.COMMUNICATION, WRAPPER,
@@ -412,6 +577,8 @@ RULES: tuple[Rule, ...] = (
         (
             _p(r"Connect to (?P<peer>\S{1,80}) failed ?: (?P<why>[A-Za-z][A-Za-z ]{2,60})",
                "NCCL could not connect to {peer}: {why}"),
+            _p(r"Call to connect failed ?: (?P<why>[A-Za-z][A-Za-z ]{2,60})",
+               "NCCL could not connect to a peer: {why}"),
             _p(r"Call to connect returned (?P<why>[A-Za-z][A-Za-z ]{2,60}), retrying",
                "NCCL's connect was refused or timed out and is retrying: {why}"),
             _p(r"socketPollConnect[^\n]{0,160}?(?P<why>Connection timed out|Connection refused|"
@@ -422,10 +589,23 @@ RULES: tuple[Rule, ...] = (
         "10.1.0.12<43211> failed : Connection refused",
     ),
     Rule(
+        "RendezvousClosed", Layer.ENVIRONMENT, SYMPTOM,
+        "the elastic rendezvous was closed by another node's agent (it failed, or finished, or "
+        "ran out of restarts): read the other nodes' logs for the first failure and fix that; "
+        "every node must run the same `--rdzv_id` and `--max_restarts`",
+        (
+            _p(r"RendezvousClosedError", "torchelastic's rendezvous was closed by another node"),
+        ),
+        "torch.distributed.elastic.rendezvous.api.RendezvousClosedError",
+        progress=False,
+    ),
+    Rule(
         "CollectiveTimeout", Layer.COMMUNICATION, SYMPTOM,
         "a collective waited past the process-group timeout: the ranks that did NOT time out (or "
         "stopped printing first) are the suspects, look at their log and GPU; rerun with "
-        "`NCCL_DEBUG=INFO` and `TORCH_NCCL_TRACE_BUFFER_SIZE=2000` (flight recorder); raise "
+        "`NCCL_DEBUG=INFO` and the flight recorder (`TORCH_FR_BUFFER_SIZE=2000 "
+        "TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_FR_DUMP_TEMP_FILE=/shared/fr/rank_`; torch < 2.8: "
+        "`TORCH_NCCL_TRACE_BUFFER_SIZE`), then `preflight explain /shared/fr/`; raise "
         "init_process_group(timeout=timedelta(minutes=60)) only once you know the step is slow, "
         "not dead "
         "(https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group)",
@@ -444,6 +624,7 @@ RULES: tuple[Rule, ...] = (
         "[rank0]:[E1129 10:42:17.118263522 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught "
         "collective operation timeout: WorkNCCL(SeqNum=4127, OpType=ALLREDUCE, NumelIn=2359296, "
         "NumelOut=2359296, Timeout(ms)=600000) ran for 600046 milliseconds before timing out.",
+        hook=Hook.WATCHDOG,
     ),
     Rule(
         "PeerConnectionLost", Layer.COMMUNICATION, SYMPTOM,
@@ -471,6 +652,12 @@ ANCHORS: tuple[bytes, ...] = (
     b"rror", b"WARN", b"imed out", b"imeout", b"already in use", b"peer", b"NVRM: Xid",
     b"fallen off the bus", b"ncclCommInitRank", b"global_world_sizes", b"(local_rank:",
     b"SOCKET_IFNAME set", b"exitcode", b"Connection refused",
+    # traceback frames (``File "...", line N, in f``) and the launchers' words for a kill or
+    # the host's memory: srun's "Killed", the kernel's "Killed process", DeepSpeed's "Killing
+    # subprocess", "return code" and memory report, Lightning's "terminated with code"
+    # (Slurm's oom-kill and CANCELLED lines and subprocess's "<Signals." come with "error")
+    b'", line ', b"Kill", b"return code", b"CPU Virtual Memory", b"terminated with",
+    b"_env_error(",
     # one pass for mp.spawn's "terminated with signal", torchrun's "closing signal" and its own
     # "Received 15 death signal" / "got signal: 15"
     b" signal",
@@ -483,6 +670,10 @@ BY_REASON: dict[str, Rule] = {r.reason: r for r in RULES}
 SIGNAL_NAMES: dict[int, str] = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT",
                                 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV",
                                 13: "SIGPIPE", 15: "SIGTERM"}
+#: A launcher's word for how a task ended (srun: "task 3: Killed").
+SIGNAL_WORDS: dict[str, str] = {"Killed": "SIGKILL", "Segmentation fault": "SIGSEGV",
+                                "Aborted": "SIGABRT", "Bus error": "SIGBUS",
+                                "Terminated": "SIGTERM"}
 SIGNAL_HINTS: dict[str, str] = {
     "SIGKILL": "likely the host's OOM killer or the scheduler (check `dmesg` / `journalctl -k`)",
     "SIGSEGV": "the rank crashed (look at that rank's last lines)",

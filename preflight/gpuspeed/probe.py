@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from preflight.bench.options import SpeedOptions, SpeedRecord
 
 FIXTURE_ENV = "PREFLIGHT_GPU_SPEED_FIXTURE"
 
@@ -29,8 +31,9 @@ class Target:
 
 @dataclass(frozen=True)
 class GpuMeasure:
-    """One GPU's figures (``h2d``/``d2h``/``d2d`` GB/s, ``gemm`` TFLOP/s) and facts from CUDA
-    (``name``, ``capability``, ``sm_count``, ``bus_width_bits``, ``engine``, ``dtype``)."""
+    """One GPU's figures (``h2d``/``d2h``/``d2d`` GB/s, ``gemm`` TFLOP/s), facts from CUDA
+    (``name``, ``capability``, ``sm_count``, ``bus_width_bits``) and from the worker that
+    measured it (``engine``, ``dtype``, ``pid``)."""
 
     bus_id: str
     figures: Mapping[str, float]
@@ -40,7 +43,8 @@ class GpuMeasure:
 
 @dataclass(frozen=True)
 class SpeedFailure:
-    """The run did not complete: ``kind`` stalled, timeout, died, error, spawn, engine."""
+    """The run did not complete: ``kind`` stalled, slow_start, timeout, died, error, spawn,
+    engine (the interpreter has no engine that runs here: ``message`` says what it lacks)."""
 
     kind: str
     message: str
@@ -50,9 +54,17 @@ class SpeedFailure:
 
 @dataclass(frozen=True)
 class SpeedRun:
+    """What the workers measured; ``environment``: the interpreter and what it loaded, from where
+    (``python``, ``torch``, ``cuda_bindings``, ``libcublas``, ...)."""
+
     measures: tuple[GpuMeasure, ...]
     failure: SpeedFailure | None = None
     elapsed_s: float = 0.0
+    environment: Mapping[str, Any] = field(default_factory=dict)
+    #: the workers' output, kept with ``preflight bench --gpu --debug``
+    debug_log: str | None = None
+    #: seconds from the last figure to the workers' exit (None: they went on to the all-reduce)
+    teardown_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,7 +81,10 @@ class SpeedRun:
             failure=SpeedFailure(str(fail["kind"]), str(fail["message"]),
                                  tuple(fail.get("bus_ids", ())), str(fail.get("traceback", "")))
             if fail else None,
-            elapsed_s=float(data.get("elapsed_s", 0.0)))
+            elapsed_s=float(data.get("elapsed_s", 0.0)),
+            environment=dict(data.get("environment") or {}),
+            debug_log=str(data["debug_log"]) if data.get("debug_log") else None,
+            teardown_s=float(data["teardown_s"]) if data.get("teardown_s") is not None else None)
 
 
 class SpeedProbe(Protocol):
@@ -92,36 +107,64 @@ class FixtureSpeedProbe:
 
 
 class WorkerSpeedProbe:
-    """Measures for real: one worker process per GPU (:mod:`preflight.gpuspeed.parent`)."""
+    """Measures for real: one GPU worker per GPU (:mod:`preflight.bench.parent`); through
+    ``run`` (this run's :class:`~preflight.bench.session.GpuTests`, which may let the workers go
+    on into the all-reduce) when given."""
 
     def __init__(self, *, python: str | None = None, engine: str = "auto",
                  timeout_s: float = 30.0, env: Mapping[str, str] | None = None,
-                 gate: threading.Lock | None = None) -> None:
+                 debug: bool = False, run: Any = None) -> None:
         self.python = python or sys.executable
-        self.gate = gate
         self.engine = engine
         self.timeout_s = timeout_s
         self.env = env
+        self.debug = debug
+        self.run = run
 
-    def measure(self, targets: Sequence[Target]) -> SpeedRun:
-        from preflight.gpuspeed.parent import SpeedOptions, run_workers
+    def options(self, targets: Sequence[Target]) -> SpeedOptions:
+        from preflight.bench.options import SpeedOptions
 
-        opts = SpeedOptions(bus_ids=tuple(t.bus_id for t in targets),
+        return SpeedOptions(bus_ids=tuple(t.bus_id for t in targets),
                             cuda_indices=tuple(t.cuda_index for t in targets),
                             labels=tuple(t.label for t in targets), timeout_s=self.timeout_s,
                             engine=self.engine, env=self.env, python=self.python,
-                            gate=self.gate)
-        rec = run_workers(opts)
-        measures = tuple(GpuMeasure(bus_id=opts.bus_ids[st.rank], figures=dict(st.figures),
-                                    device=dict(st.device), phase_s=dict(st.phase_s))
-                         for st in rec.workers if st.phase == "done")
-        failure = None
-        if rec.failure is not None:
-            f = rec.failure
-            tb = next((rec.workers[i].traceback for i in f.ranks if rec.workers[i].traceback),
-                      "")
-            kind = f.kind
-            if kind == "error" and "No module named" in f.message:
-                kind = "engine"
-            failure = SpeedFailure(kind, f.message, tuple(opts.bus_ids[i] for i in f.ranks), tb)
-        return SpeedRun(measures=measures, failure=failure, elapsed_s=rec.elapsed_s)
+                            debug=self.debug)
+
+    def measure(self, targets: Sequence[Target]) -> SpeedRun:
+        from preflight.bench.parent import run_speed
+
+        opts = self.options(targets)
+        rec = self.run.speed(opts) if self.run is not None else run_speed(opts)
+        return speed_run(rec)
+
+
+def speed_run(rec: SpeedRecord) -> SpeedRun:
+    """The workers' record as a :class:`SpeedRun`."""
+    opts = rec.options
+    measures = tuple(GpuMeasure(bus_id=st.bus_id or st.pci_bus_id or "",
+                                figures=dict(st.figures),
+                                device={**st.device, "engine": st.speed_engine,
+                                        "dtype": st.dtype, "pid": st.pid},
+                                phase_s={k: round(v, 4) for k, v in
+                                         {**st.start_times, **st.speed_times}.items()})
+                     for st in rec.workers if wire_done(st))
+    failure = None
+    if rec.failure is not None:
+        f = rec.failure
+        by_rank = {st.rank: st for st in rec.workers}
+        tb = next((by_rank[i].traceback for i in f.ranks if i in by_rank
+                   and by_rank[i].traceback), "")
+        failure = SpeedFailure(f.kind, f.message, tuple(
+            by_rank[i].bus_id or by_rank[i].pci_bus_id or "" for i in f.ranks if i in by_rank),
+            tb)
+    env = next((st.loaded for st in rec.workers if st.loaded), {})
+    return SpeedRun(measures=measures, failure=failure, elapsed_s=rec.elapsed_s,
+                    environment={"python": opts.python, **env}, debug_log=rec.log_dir,
+                    teardown_s=rec.teardown_s)
+
+
+def wire_done(st: Any) -> bool:
+    """The worker reported its speed step done."""
+    from preflight.bench.worker import wire
+
+    return wire.SPEED in st.steps_done

@@ -124,38 +124,57 @@ def why(gpu: Gpu, kinds: Sequence[str]) -> str:
     return "NVML: " + "; ".join(parts) if parts else "NVML gave no clocks or power figures"
 
 
+REMEDY_ENGINE = ("Install the torch-free engine in the interpreter the workers run under "
+                 "({python}): pip install 'cluster-preflight[gpuspeed]' (cuda-bindings, "
+                 "cuda-pathfinder; cuBLAS from the CUDA install or the nvidia-cublas wheel), or "
+                 "a CUDA build of torch; or name an interpreter that has one with --python "
+                 "({doc}).")
+REMEDY_KEEP = ("Run preflight bench --gpu --debug to keep the workers' output (the directory is "
+               "printed); {doc} says what each phase does.")
+
+
+def _failed(run: SpeedRun, extra: dict[str, Any]) -> SpeedVerdict:
+    f = run.failure
+    assert f is not None
+    extra["failure"] = {"kind": f.kind, "message": f.message, "bus_ids": list(f.bus_ids)}
+    python = run.environment.get("python") or "the workers' interpreter"
+    if f.kind == "engine":
+        return SpeedVerdict(Status.SKIP, "EngineMissing", f"no GPU speed test: {f.message}",
+                            REMEDY_ENGINE.format(python=python, doc=DOC), extra=extra)
+    if f.kind == "stalled":
+        return SpeedVerdict(Status.FAIL, "GpuStalled", f.message,
+                            "The GPU did not finish a copy or a multiply within its deadline: "
+                            "look for Xid errors (dmesg | grep -i xid) and drain the node "
+                            f"({DOC}).", extra=extra)
+    if f.kind in ("timeout", "slow_start"):
+        return SpeedVerdict(Status.ERROR, "WorkerStartSlow" if f.kind == "slow_start"
+                            else "GpuSpeedTimeout", f.message,
+                            "Raise gpu_speed_timeout_s (preflight bench --gpu --timeout S); a "
+                            "slow start is often the filesystem the environment lives on (a cold "
+                            "NFS cache).", extra=extra)
+    reason = {"died": "WorkerDied", "spawn": "WorkerSpawnFailed"}.get(f.kind, "WorkerFailed")
+    # A worker that died without a report: the last line of its output says what it saw.
+    last = f.traceback.strip().splitlines()[-1][-300:] if f.traceback.strip() else ""
+    tail = f" | last output: {last}" if last and f.kind == "died" else ""
+    return SpeedVerdict(Status.ERROR, reason, f.message + tail, REMEDY_KEEP.format(doc=DOC),
+                        extra=extra)
+
+
 def judge(run: SpeedRun, gpus: Sequence[Gpu], *, slow_fraction: float, warn_fraction: float,
           after: Mapping[str, Gpu] | None = None, notes: Sequence[str] = ()) -> SpeedVerdict:
     """The verdict of ``run`` over ``gpus`` (NVML, before the run); ``after`` is NVML read again
     after the run (by bus id) for the reasons of a slow GPU."""
     extra: dict[str, Any] = {"elapsed_s": round(run.elapsed_s, 3), "slow_fraction": slow_fraction,
-                             "warn_fraction": warn_fraction,
-                             "failure": None}
+                             "warn_fraction": warn_fraction, "failure": None,
+                             "teardown_s": round(run.teardown_s, 4)
+                             if run.teardown_s is not None else None,
+                             "environment": dict(run.environment),
+                             "debug_log": run.debug_log}
     by_bus = {normalize_bus_id(g.pci_bus_id): g for g in gpus}
     measured = [(by_bus[normalize_bus_id(m.bus_id)], m) for m in run.measures
                 if normalize_bus_id(m.bus_id) in by_bus]
     if run.failure is not None:
-        f = run.failure
-        extra["failure"] = {"kind": f.kind, "message": f.message, "bus_ids": list(f.bus_ids)}
-        if f.kind == "engine":
-            return SpeedVerdict(Status.SKIP, "EngineMissing",
-                                "no GPU speed test: the worker cannot import its engine "
-                                f"({f.message})",
-                                "Install the torch-free engine next to the interpreter the "
-                                "workers run under: pip install cuda-bindings cuda-pathfinder, "
-                                "with cuBLAS from the CUDA install or the nvidia-cublas wheel "
-                                f"(or torch); see {DOC}.", extra=extra)
-        if f.kind == "stalled":
-            return SpeedVerdict(Status.FAIL, "GpuStalled", f.message,
-                                "The GPU did not finish a copy or a multiply within its deadline: "
-                                "look for Xid errors (dmesg | grep -i xid) and drain the node "
-                                f"({DOC}).", extra=extra)
-        reason = {"timeout": "GpuSpeedTimeout", "died": "WorkerDied",
-                  "spawn": "WorkerSpawnFailed"}.get(f.kind, "WorkerFailed")
-        tail = f" | {f.traceback.strip().splitlines()[-1]}" if f.traceback.strip() else ""
-        return SpeedVerdict(Status.ERROR, reason, f.message + tail,
-                            f"Rerun with --log-level debug; {DOC} lists what each phase does.",
-                            extra=extra)
+        return _failed(run, extra)
     if not measured:
         return SpeedVerdict(Status.ERROR, "NoMeasurement", "the workers reported no figures",
                             extra=extra)

@@ -1,8 +1,8 @@
 """``CUDA_VISIBLE_DEVICES`` read the way CUDA reads it, and resolved against NVML's GPUs.
 
-Pure functions: :func:`parse` turns the text into entries, :func:`resolve` walks them against a
-:class:`~preflight.probes.gpu.GpuSnapshot` and says which devices CUDA will really expose, in which
-order, and why it stopped where it stopped.
+Pure functions: :func:`parse` turns the text into entries, :func:`resolve_devices` walks them
+against a :class:`~preflight.probes.gpu.GpuSnapshot` and says which devices CUDA will really
+expose, in which order, and why it stopped where it stopped.
 
 The rules (CUDA Programming Guide, "CUDA_VISIBLE_DEVICES"; the MIG user guide):
 
@@ -253,8 +253,8 @@ def _match_mig(entry: Entry, gpus: Sequence[Gpu]) -> list[tuple[Gpu, MigInstance
     return exact or [(g, m) for g, m in pairs if m.uuid.lower().startswith(f"mig-{entry.uuid}")]
 
 
-def resolve(parsed: Parsed, snapshot: GpuSnapshot, *, device_order: str | None = None,
-            physical_indices: bool = False) -> Resolution:
+def resolve_devices(parsed: Parsed, snapshot: GpuSnapshot, *, device_order: str | None = None,
+                    physical_indices: bool = False) -> Resolution:
     """Walk the entries as CUDA does and return the devices it will expose, and why.
 
     Args:
@@ -402,4 +402,4 @@ def _replace(res: Resolution, **changes: object) -> Resolution:
 
 
 __all__ = ["ORDER_FASTEST", "ORDER_PCI", "Device", "Entry", "Kind", "Parsed", "Resolution",
-           "Stop", "cuda_order", "parse", "parse_entry", "resolve", "text_problems"]
+           "Stop", "cuda_order", "parse", "parse_entry", "resolve_devices", "text_problems"]

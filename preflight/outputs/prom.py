@@ -1,9 +1,10 @@
 """Prometheus metrics from a Report: the daemon's ``/metrics`` and ``check --prom-file``.
 
 A :class:`ReportCollector` yields metric families from a snapshot it is handed (the daemon's cached
-Report); it never runs a check, so a scrape costs microseconds and cannot hang (STYLE habit 11).
+Report); it never runs a check, so a scrape costs microseconds and cannot hang.
 Names follow Prometheus conventions (base units, ``_seconds``, ``_bytes``, ``_total``, ``_info``)
-and carry no node or cluster label: Prometheus adds target labels (ARCHITECTURE.md, Metrics).
+and carry no node or cluster label: Prometheus adds the target's (``instance``, ``job``, and the
+``node`` and ``pool`` labels the scrape config's relabeling sets: docs/daemon.md#metrics).
 
 Every series that can be known in advance exists from the first scrape: one-hot status series of
 every known check are all 0 and ``preflight_last_run_timestamp_seconds`` is 0 until a run finished;
@@ -14,10 +15,9 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from prometheus_client.core import (
@@ -31,12 +31,14 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from preflight import __version__
+from preflight.checks.fabric import NAME as FABRIC
 from preflight.checks.gpu_speed import NAME as GPU_SPEED
 from preflight.checks.gpu_visible import NAME as GPU_VISIBLE
 from preflight.checks.memlock import NAME as MEMLOCK
 from preflight.checks.shm import NAME as SHM
-from preflight.core.config import ConfigError
-from preflight.core.result import Report, Result, Status
+from preflight.checks.xid import NAME as XID
+from preflight.core.result import Report, Result, Scope, Status
+from preflight.outputs.textfile import TextfileError, write_metrics_file
 
 NAN = float("nan")
 
@@ -105,18 +107,40 @@ def bandwidth_figures(report: Report | None) -> tuple[float, float]:
 #: Top-level fingerprint fields that are versions too; their skew across nodes breaks NCCL jobs
 #: as surely as a package's (one node's different NCCL or driver can hang the ring).
 FINGERPRINT_VERSION_KEYS = ("python", "cuda", "cudnn", "nccl", "driver")
+#: Versions that are the node's own (read from NVML), whatever interpreter was fingerprinted.
+NODE_VERSION_KEYS = frozenset({"driver"})
+
+#: ``source`` label values of ``preflight_package_info``: what the versions describe.
+SOURCE_NODE = "node"
+SOURCE_PREFLIGHT = "preflight"
+SOURCE_TRAINING = "training"
 
 
-def package_versions(fingerprint: Mapping[str, Any] | None) -> dict[str, str]:
-    """``{package: version}`` from ``Report.fingerprint``: its ``packages`` mapping plus the
-    top-level python/cuda/cudnn/nccl/driver versions; unknown versions (None) are left out."""
+def fingerprint_source(fingerprint: Mapping[str, Any] | None) -> str:
+    """Whose Python environment a fingerprint describes: ``training`` when it is another
+    interpreter's (the ``python`` key / ``--python``: the training environment), ``preflight``
+    when it is the environment preflight itself runs in (under the DaemonSet, the daemon's own
+    image). Told apart by ``meta.prefix`` (``sys.prefix`` of the fingerprinted interpreter):
+    the daemon's check child and a ``--prom-file`` run share this process's interpreter."""
+    meta = fingerprint.get("meta") if fingerprint else None
+    prefix = meta.get("prefix") if isinstance(meta, Mapping) else None
+    return SOURCE_TRAINING if isinstance(prefix, str) and prefix and prefix != sys.prefix \
+        else SOURCE_PREFLIGHT
+
+
+def package_versions(fingerprint: Mapping[str, Any] | None) -> dict[str, tuple[str, str]]:
+    """``{package: (version, source)}`` from ``Report.fingerprint``: its ``packages`` mapping
+    plus the top-level python/cuda/cudnn/nccl/driver versions; unknown versions (None) are left
+    out. ``source`` is ``node`` for the driver, else :func:`fingerprint_source`."""
     if not fingerprint:
         return {}
+    env_source = fingerprint_source(fingerprint)
     packages = fingerprint.get("packages")
     items: list[tuple[Any, Any]] = [(k, fingerprint.get(k)) for k in FINGERPRINT_VERSION_KEYS]
     if isinstance(packages, Mapping):
         items += list(packages.items())
-    return {name: str(version) for name, version in items
+    return {name: (str(version), SOURCE_NODE if name in NODE_VERSION_KEYS else env_source)
+            for name, version in items
             if isinstance(name, str) and name and isinstance(version, (str, int, float))
             and not isinstance(version, bool)}
 
@@ -202,8 +226,8 @@ class ReportCollector(Collector):
             "preflight_check_duration_seconds", "Time each check of the last run took.",
             labels=["check"])
         result_info = InfoMetricFamily(
-            "preflight_check_result", "Verdict and reason token of each check of the last run.",
-            labels=["check"])
+            "preflight_check_result", "Verdict, reason token and scope (node, job, undecided) "
+            "of each check of the last run.", labels=["check"])
         for check in checks:
             result = results.get(check)
             for s in Status:
@@ -212,17 +236,22 @@ class ReportCollector(Collector):
             duration.add_metric([check], result.duration_s if result else 0.0)
             if result is not None:
                 result_info.add_metric([check], {"status": result.status.word,
-                                                 "reason": result.reason})
+                                                 "reason": result.reason,
+                                                 "scope": result.scope.value})
         yield status
         yield duration
         yield result_info
 
-        healthy = report is not None and report.node_status <= Status.WARN
         yield GaugeMetricFamily(
             "preflight_node_healthy",
-            "1 when the last run found no node fault worse than WARN (a job's own setting, scope "
-            "job, does not count: the prolog would not drain); 0 otherwise and before the first "
-            "run.", value=1.0 if healthy else 0.0)
+            "1 when the last run found no node fault (no FAIL of scope node: what the prolog "
+            "drains on; a job's own setting and an ERROR do not count); 0 otherwise and before "
+            "the first run.", value=1.0 if node_healthy(report) else 0.0)
+        yield GaugeMetricFamily(
+            "preflight_node_undecided",
+            "1 when a check of the last run ended in ERROR (preflight could not decide it: a "
+            "crash, a deadline, its own bug); 0 otherwise and before the first run.",
+            value=1.0 if node_undecided(report) else 0.0)
         yield GaugeMetricFamily(
             "preflight_last_run_timestamp_seconds",
             "Unix time the last node-check run finished; 0 = no run yet.",
@@ -256,28 +285,44 @@ class ReportCollector(Collector):
         yield GaugeMetricFamily("preflight_gpu_expected", "GPUs this node must show (expect_gpus); "
                                 "NaN when not configured or unknown.", value=expected)
 
-        yield from _xid_metrics(results.get("xid"), snap.daemon)
-        yield from _fabric_metrics(results.get("fabric"))
+        yield from _xid_metrics(results.get(XID), snap.daemon)
+        yield from _fabric_metrics(results.get(FABRIC))
 
         fingerprint = report.fingerprint if report is not None else None
         packages = InfoMetricFamily(
             "preflight_package",
-            "Version of each watched package of the training environment (one series each).",
+            "Version of each watched package of the fingerprinted environment (one series "
+            "each); source: node (the driver), preflight (the environment preflight runs in; "
+            "under the DaemonSet its image), training (the interpreter of the python key).",
             labels=["package"])
-        for name, version in sorted(package_versions(fingerprint).items()):
-            packages.add_metric([name], {"version": version})
+        for name, (version, source) in sorted(package_versions(fingerprint).items()):
+            packages.add_metric([name], {"version": version, "source": source})
         yield packages
         fp_info = InfoMetricFamily("preflight_fingerprint",
-                                   "sha256 of the canonical environment fingerprint.")
+                                   "sha256 of the canonical environment fingerprint; source as "
+                                   "in preflight_package_info.")
         sha = fingerprint.get("sha256") if fingerprint else None
         if isinstance(sha, str) and sha:
-            fp_info.add_metric([], {"sha256": sha})
+            fp_info.add_metric([], {"sha256": sha, "source": fingerprint_source(fingerprint)})
         yield fp_info
         yield InfoMetricFamily("preflight_build", "Version of cluster-preflight serving this.",
                                value={"version": __version__})
 
         if snap.daemon is not None:
             yield from _daemon_metrics(snap.daemon, checks)
+
+
+def node_healthy(report: Report | None) -> bool:
+    """No FAIL of scope node in ``report`` (None = no run yet: not healthy). A job's own setting
+    (scope job) and an ERROR (undecided) leave the node healthy, as the prolog leaves it
+    undrained: one crashed worker or a preflight bug must not mark a fleet unhealthy."""
+    return report is not None and not any(
+        r.status is Status.FAIL and r.scope is Scope.NODE for r in report.results)
+
+
+def node_undecided(report: Report | None) -> bool:
+    """A check of ``report`` ended in ERROR: preflight could not decide it."""
+    return report is not None and any(r.status is Status.ERROR for r in report.results)
 
 
 def xid_counts(result: Result | None) -> dict[tuple[str, int], int]:
@@ -384,34 +429,15 @@ def render(snapshot: MetricsSnapshot) -> bytes:
 
 def write_textfile(report: Report, path: str | os.PathLike[str], *,
                    known_checks: Sequence[str] = ()) -> None:
-    """Write ``report``'s metrics for node_exporter's textfile collector, atomically.
-
-    node_exporter may read the file at any moment, so the text goes to a temporary file in the same
-    directory (same filesystem, so the rename is atomic), is flushed to disk, made world-readable
-    (node_exporter often runs as another user) and renamed over ``path``.
+    """Write ``report``'s metrics for node_exporter's textfile collector, by the rules of
+    :mod:`preflight.outputs.textfile` (atomic rename over a regular file; a device, FIFO or
+    directory is refused; a failed write leaves no stale verdict).
 
     Raises:
-        ConfigError: the directory does not exist or is not writable (the CLI exits 2 with it).
+        TextfileError: not written; the caller says so on stderr and keeps its verdict.
     """
-    target = Path(path)
-    data = render(MetricsSnapshot(report=report, known_checks=known_checks))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
-                                   dir=target.parent if str(target.parent) else ".")
-    except OSError as exc:
-        raise ConfigError(f"--prom-file {target}: cannot create a file in {target.parent}: "
-                          f"{exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-            os.fchmod(fh.fileno(), 0o644)
-        os.replace(tmp, target)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise ConfigError(f"--prom-file {target}: cannot write: {exc.strerror or exc}") from None
+    write_metrics_file(path, render(MetricsSnapshot(report=report, known_checks=known_checks)))
 
 
-__all__ = ["DaemonStats", "MetricsSnapshot", "ReportCollector", "make_registry", "render",
-           "write_textfile"]
+__all__ = ["DaemonStats", "MetricsSnapshot", "ReportCollector", "TextfileError", "make_registry",
+           "render", "write_textfile"]

@@ -5,6 +5,11 @@ Reads the files the kernel documents (Documentation/ABI/stable/sysfs-class-infin
 told to use, ``gids/<i>`` and ``gid_attrs/types/<i>``. sysfs files answer from the driver without
 blocking on the fabric; the check still runs this under its deadline.
 Parsing: :mod:`preflight.probes.ibparse`.
+
+Two views of the same ports: :class:`IbPort` (state, link layer, rate: what NCCL_IB_HCA selects
+among, served by the network probe to ``network``, ``nccl_env`` and ``memlock``) and
+:class:`PortInfo` (that plus physical state, error counters and the GID: the ``fabric`` check).
+Device files are not per network namespace, so both read ``<root>/sys/class/infiniband``.
 """
 
 from __future__ import annotations
@@ -13,10 +18,53 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from preflight.probes.ibparse import ERROR_COUNTERS, parse_counter, parse_numbered
+from preflight.core.boundedio import read_small_text
+from preflight.probes.ibparse import ERROR_COUNTERS, parse_counter, parse_ib_state, parse_numbered
 
 #: Most ports read (a node has a handful; a bound keeps a strange tree from costing seconds).
 MAX_PORTS = 256
+
+
+@dataclass(frozen=True)
+class IbPort:
+    """One RDMA port from /sys/class/infiniband/<device>/ports/<port>/.
+
+    Attributes:
+        device: ``mlx5_0``.
+        port: port number (1-based).
+        state: the state word (``ACTIVE``, ``DOWN``, ``INIT``...).
+        link_layer: ``InfiniBand`` or ``Ethernet`` (RoCE); empty when unknown.
+        rate: the rate text (``400 Gb/sec (4X NDR)``); empty when unknown.
+    """
+
+    device: str
+    port: int
+    state: str
+    link_layer: str = ""
+    rate: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.state == "ACTIVE"
+
+    @property
+    def label(self) -> str:
+        return f"{self.device}:{self.port}"
+
+
+@dataclass(frozen=True)
+class IbSnapshot:
+    """RDMA ports under ``<root>/sys/class/infiniband``.
+
+    Attributes:
+        path: the directory read.
+        present: it exists (no RDMA driver loaded, or not mounted in a container, otherwise).
+        ports: every port of every device, by device name then port.
+    """
+
+    path: str
+    present: bool
+    ports: tuple[IbPort, ...]
 
 
 @dataclass(frozen=True)
@@ -51,8 +99,10 @@ class PortInfo:
 
 
 def _read(path: Path) -> str | None:
+    """A sysfs attribute's text; None when missing, unreadable, or not a small regular file (a
+    FIFO or a huge file in a --root tree is refused unread)."""
     try:
-        return path.read_text(errors="replace").strip()
+        return read_small_text(path)
     except OSError:
         return None
 
@@ -87,6 +137,17 @@ def port_dirs(path: Path) -> list[tuple[str, int, Path]]:
     return out
 
 
+def probe_ib(path: Path) -> IbSnapshot:
+    """State, link layer and rate of every port under ``path``
+    (``ctx.host_path("/sys/class/infiniband")``)."""
+    if not path.is_dir():
+        return IbSnapshot(str(path), False, ())
+    return IbSnapshot(str(path), True, tuple(
+        IbPort(device, num, parse_ib_state(_read(d / "state") or ""), _read(d / "link_layer") or "",
+               _read(d / "rate") or "")
+        for device, num, d in port_dirs(path)))
+
+
 def read_ports(path: Path, *, gid_index: int | None = None) -> tuple[PortInfo, ...]:
     """Every port under ``path`` (``ctx.host_path("/sys/class/infiniband")``)."""
     ports = []
@@ -107,4 +168,5 @@ def reread_counters(path: Path, ports: Sequence[PortInfo]) -> dict[str, dict[str
     return {p.label: read_counters(path / p.device / "ports" / str(p.port)) for p in ports}
 
 
-__all__ = ["PortInfo", "port_dirs", "read_counters", "read_ports", "reread_counters"]
+__all__ = ["IbPort", "IbSnapshot", "PortInfo", "port_dirs", "probe_ib", "read_counters",
+           "read_ports", "reread_counters"]

@@ -60,6 +60,12 @@ def parse_numbered(text: str) -> tuple[int | None, str]:
     return None, text.strip()
 
 
+def parse_ib_state(text: str) -> str:
+    """``"4: ACTIVE\\n"`` -> ``"ACTIVE"`` (a port's ``state``); unknown text -> stripped text."""
+    _, _, word = text.strip().partition(":")
+    return (word or text).strip().upper()
+
+
 def parse_counter(text: str) -> int | None:
     """A counter file's value; None when it is not a number (some drivers print N/A)."""
     value = text.strip()
@@ -79,4 +85,4 @@ def roce_version(gid_type: str) -> int | None:
 
 
 __all__ = ["ERROR_COUNTERS", "LINK_COUNTERS", "Rate", "gid_is_empty", "parse_counter",
-           "parse_numbered", "parse_rate", "roce_version"]
+           "parse_ib_state", "parse_numbered", "parse_rate", "roce_version"]

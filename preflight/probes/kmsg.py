@@ -17,10 +17,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from preflight.core.boundedio import BoundedReadError, file_kind, read_small_text
 
 #: Most bytes read from either source (the default ring buffer is 128 KiB to a few MiB).
 MAX_LOG_BYTES = 32 << 20
@@ -61,11 +64,15 @@ def read_kmsg(path: Path, *, deadline_s: float, max_bytes: int = MAX_LOG_BYTES) 
         OSError: ``path`` cannot be opened (missing, EPERM under dmesg_restrict).
     """
     stop_at = time.monotonic() + deadline_s
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     chunks: list[bytes] = []
     size = 0
     try:
-        if not os.path.isfile(path):
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISCHR(mode) or stat.S_ISREG(mode)):
+            raise BoundedReadError(f"is {file_kind(mode)}; expected the kernel's /dev/kmsg "
+                                   "device or a saved log file")
+        if not stat.S_ISREG(mode):
             # SEEK_SET 0 = the first record still in the buffer (the default, said explicitly).
             with contextlib.suppress(OSError):
                 os.lseek(fd, 0, os.SEEK_SET)
@@ -89,18 +96,19 @@ def read_kmsg(path: Path, *, deadline_s: float, max_bytes: int = MAX_LOG_BYTES) 
     return b"".join(chunks).decode(errors="replace"), False
 
 
-def journal_argv(root: Path) -> list[str]:
+def journal_argv(root: Path, journalctl: str = "journalctl") -> list[str]:
     """``journalctl`` reading the kernel messages of the current boot, one short-monotonic line
     each (the time since boot in brackets, as /dev/kmsg gives it)."""
-    argv = ["journalctl", "-k", "-b", "0", "-o", "short-monotonic", "--no-pager", "-q"]
+    argv = [journalctl, "-k", "-b", "0", "-o", "short-monotonic", "--no-pager", "-q"]
     if root != Path("/"):
         argv += ["-D", str(root / "var" / "log" / "journal")]
     return argv
 
 
-def read_journal(root: Path, *, deadline_s: float, max_bytes: int = MAX_LOG_BYTES) -> str:
+def read_journal(root: Path, *, deadline_s: float, max_bytes: int = MAX_LOG_BYTES,
+                 journalctl: str = "journalctl") -> str:
     """The kernel log from the journal; raises OSError / subprocess errors with the reason."""
-    argv = journal_argv(root)
+    argv = journal_argv(root, journalctl)
     try:
         proc = subprocess.run(argv, capture_output=True, timeout=deadline_s, check=False,
                               stdin=subprocess.DEVNULL)
@@ -117,9 +125,12 @@ def read_journal(root: Path, *, deadline_s: float, max_bytes: int = MAX_LOG_BYTE
     return proc.stdout[-max_bytes:].decode(errors="replace")
 
 
-def read_kernel_log(root: Path, *, deadline_s: float = 5.0,
-                    max_bytes: int = MAX_LOG_BYTES) -> KernelLog:
+def read_kernel_log(root: Path, *, deadline_s: float = 5.0, max_bytes: int = MAX_LOG_BYTES,
+                    journalctl: str = "journalctl") -> KernelLog:
     """The kernel log since boot (as far back as the ring buffer or journal holds it).
+
+    ``journalctl`` is the program asked when /dev/kmsg cannot be read (looked up in PATH unless
+    it is a path).
 
     Raises:
         KernelLogError: neither source answered; the message names both failures.
@@ -134,7 +145,7 @@ def read_kernel_log(root: Path, *, deadline_s: float = 5.0,
         tried.append(f"{kmsg}: {exc.strerror or exc}")
     left = max(0.5, deadline_s - (time.monotonic() - started))
     try:
-        text = read_journal(root, deadline_s=left, max_bytes=max_bytes)
+        text = read_journal(root, deadline_s=left, max_bytes=max_bytes, journalctl=journalctl)
         return KernelLog("journalctl -k", "journal", text, False, tuple(tried))
     except (OSError, TimeoutError) as exc:
         what = str(exc) if not isinstance(exc, FileNotFoundError) else "journalctl not installed"
@@ -145,7 +156,7 @@ def read_kernel_log(root: Path, *, deadline_s: float = 5.0,
 def uptime_s(root: Path) -> float | None:
     """Seconds since boot from ``<root>/proc/uptime``; None when unreadable."""
     try:
-        return float((root / "proc" / "uptime").read_text().split()[0])
+        return float(read_small_text(root / "proc" / "uptime").split()[0])
     except (OSError, ValueError, IndexError):
         return None
 

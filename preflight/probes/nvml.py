@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from preflight.core.boundedio import read_small_text
 from preflight.probes.gpu import Gpu, GpuClocks, GpuSnapshot, MigInstance, NvLink, PcieLink
 from preflight.probes.pci import normalize_bus_id
 
@@ -29,7 +30,7 @@ _SLOWDOWN_BITS = {
 }
 
 #: ``nvmlNvlinkVersion_t`` as nvml.h defines it: what ``nvmlDeviceGetNvLinkVersion`` returns is this
-#: enum, not the version number (a 2x H200 node answers 6 = NVLink 4.0; measured.md).
+#: enum, not the version number (a 2x H200 node answers 6 = NVLink 4.0).
 NVLINK_VERSIONS: dict[int, str] = {0: "invalid", 1: "1.0", 2: "2.0", 3: "2.2", 4: "3.0", 5: "3.1",
                                    6: "4.0", 7: "5.0", 8: "6.0"}
 #: Nominal per-link, per-direction NVLink bandwidth by NVML enum value, bytes/s (NVIDIA product
@@ -39,7 +40,7 @@ NVLINK_VERSIONS: dict[int, str] = {0: "invalid", 1: "1.0", 2: "2.0", 3: "2.2", 4
 NVLINK_NOMINAL_BYTES_PER_SECOND: dict[int, float] = {1: 20e9, 2: 25e9, 3: 25e9, 4: 25e9, 5: 25e9,
                                                      6: 25e9, 7: 50e9}
 #: ``NVML_FI_DEV_NVLINK_GET_SPEED`` (nvml.h): the link's speed in MB/s (1e6 B/s) per direction,
-#: scoped by link; 26562 on an H200 link (measured.md).
+#: scoped by link; 26562 on an H200 link.
 FI_NVLINK_GET_SPEED = 164
 
 
@@ -81,7 +82,11 @@ def _text(value: Any) -> str:
 
 
 def scan_pci_gpus(sys_root: Path) -> tuple[str, ...]:
-    """Bus ids of NVIDIA display / 3D controllers under ``<sys_root>/bus/pci/devices``."""
+    """Bus ids of NVIDIA display / 3D controllers under ``<sys_root>/bus/pci/devices``.
+
+    ``vendor`` and ``class`` are read as sysfs attributes (:func:`preflight.core.boundedio.
+    read_small_text`): a FIFO, a device or a huge file in their place (a hostile ``--root``) is
+    skipped unread, never blocks or fills memory."""
     found = []
     devices = sys_root / "bus" / "pci" / "devices"
     try:
@@ -90,8 +95,8 @@ def scan_pci_gpus(sys_root: Path) -> tuple[str, ...]:
         return ()
     for dev in entries:
         try:
-            vendor = (dev / "vendor").read_text().strip().lower()
-            klass = (dev / "class").read_text().strip().lower()
+            vendor = read_small_text(dev / "vendor").lower()
+            klass = read_small_text(dev / "class").lower()
         except OSError:
             continue
         # 0x0300xx VGA controller, 0x0302xx 3D controller (data-centre GPUs).
@@ -180,6 +185,7 @@ class NvmlGpuProbe:
             pci_bus_id=bus_id,
             name=_text(name) if name is not None else "",
             memory_total_bytes=int(mem.total) if mem is not None else None,
+            memory_used_bytes=int(mem.used) if mem is not None else None,
             error=error,
             remap_pending=bool(remap[2]) if remap is not None else None,
             remap_failure=bool(remap[3]) if remap is not None else None,

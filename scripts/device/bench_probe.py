@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 from preflight.bench import plan, run_bench
-from preflight.bench.parent import WORKER_SCRIPT
+from preflight.bench.procs import WORKER_SCRIPT
 from preflight.core.config import load
-from preflight.core.context import make_context
+from preflight.probes.node import make_context
 
 
 def _ctx(**overrides: object):  # type: ignore[no-untyped-def]
@@ -38,9 +38,10 @@ def _rank_pid(rank: int) -> int | None:
             ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == me and str(WORKER_SCRIPT).encode() in cmd and \
-                cmd[cmd.index(b"--rank") + 1] == str(rank).encode():
-            return int(proc.name)
+        if ppid == me and str(WORKER_SCRIPT).encode() in cmd and b"--plan" in cmd:
+            plan = json.loads(cmd[cmd.index(b"--plan") + 1])
+            if (plan.get("allreduce") or {}).get("rank") == rank:
+                return int(proc.name)
     return None
 
 

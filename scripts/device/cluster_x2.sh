@@ -101,7 +101,7 @@ echo "SIGSTOP node 1 agent pid $pid at $(date +%T.%N)" >>"$LOG"; kill -STOP "$pi
 for _ in $(seq 1 600); do [ -s "$OUT/c-n0.json" ] && grep -q '}' "$OUT/c-n0.json" && break; sleep 0.1; done
 sleep 1; echo "node 0 done at $(date +%T.%N); SIGCONT node 1" >>"$LOG"; kill -CONT "$pid"; wait
 summary "$OUT/c-n0.json"; run cat "$OUT/c-n1.err"
-run pgrep -fa "preflight cluster|bench/worker.py"
+run pgrep -fa "preflight cluster|bench/worker/start.py"
 run nvidia-smi --query-compute-apps=pid,used_memory --format=csv; }
 
 sec "D. a floor no link reaches: localisation"

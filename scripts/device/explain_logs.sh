@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fresh torchrun + NCCL failure logs for `preflight explain` (issue 15, point 3), in one call.
+# Fresh torchrun + NCCL failure logs for `preflight explain`, in one call.
 # Usage on the H200 machine (2 GPUs wanted; with 1 GPU the two-rank cases run on gloo/CPU),
 # from the repo root:
 #   bash scripts/device/explain_logs.sh        ->  $OUT/explain-logs.tar
@@ -15,22 +15,10 @@
 #                 made lazily and rank 0 waits in NCCL's bootstrap until `timeout` stops torchrun)
 # Local dry run without a GPU: EXPLAIN_BACKEND=gloo OUT=/tmp/x bash scripts/device/explain_logs.sh
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-# `preflight explain` itself needs no GPU library, but the CLI imports netifaces: the carried
-# netifaces-plus wheel (.whl/, as for scripts/device/lib.sh) when there is one. The logs are
-# written either way.
-if ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile \
-    --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; then
-  export PYTHONPATH=$PWD:/tmp/site
-fi
-W=$(mktemp -d /tmp/explain-logs.XXXXXX)
-LOG=$W/runs.log
-NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+NAME=explain-logs
+. scripts/device/explain_lib.sh
 BACKEND=${EXPLAIN_BACKEND:-$([ "$NGPU" -ge 2 ] && echo nccl || echo gloo)}
-{ echo "date $(date -u +%FT%TZ) gpus $NGPU backend $BACKEND"; nvidia-smi -L 2>&1
-  python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version() if torch.cuda.is_available() else None)"
-} >>"$LOG" 2>&1
+echo "backend $BACKEND" >>"$LOG"
 
 cat >"$W/job.py" <<'PY'
 import datetime, os, signal, sys, time

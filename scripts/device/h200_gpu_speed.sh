@@ -22,7 +22,8 @@ for g in NvmlGpuProbe().snapshot().gpus: print(g.index, g.pci_bus_id, g.name, js
 
 sec "1. preflight bench --gpu, cuda engine (torch-free), then torch"
 B0=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader | sed -n 1p | python3 -c "import sys; from preflight.probes.pci import normalize_bus_id as n; print(n(sys.stdin.read()))")
-echo go | run timeout 60 python3 preflight/gpuspeed/worker.py --pci-bus-id "$B0" --cuda-index 0 --engine cuda --progress-fd 1
+PLAN='{"label": "GPU 0", "device": 0, "bus_id": "'"$B0"'", "speed": {"engine": "cuda", "kinds": ["h2d", "d2h", "d2d", "gemm"], "timeout_s": 30}, "allreduce": null}'
+echo '{"go": true}' | run timeout 60 python3 preflight/bench/worker/start.py --plan "$PLAN" --progress-fd 1
 run "${P[@]}" bench --gpu --gpu-engine cuda
 "${P[@]}" bench --gpu --gpu-engine cuda --json >"$OUT/gpu-cuda.json" 2>>"$LOG"; echo "rc=$?" >>"$LOG"
 run "${P[@]}" bench --gpu --gpu-engine torch
@@ -65,6 +66,6 @@ B1=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader | sed -n 2p | pytho
 envrun PREFLIGHT_GPUSPEED_TEST_STALL="$B1:gemm" "${P[@]}" bench --gpu --timeout 12
 
 sec "6. nothing left behind: no worker process, no GPU memory in use"
-run pgrep -fa 'gpuspeed/worker.py'
+run pgrep -fa 'bench/worker/start.py'
 run nvidia-smi --query-compute-apps=pid,used_memory --format=csv
 run nvidia-smi --query-gpu=index,memory.used --format=csv

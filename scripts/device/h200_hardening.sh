@@ -75,7 +75,7 @@ run "${P[@]}" bench --nproc 100000
 run "${P[@]}" check --timeout inf
 envrun MASTER_ADDR=a..b MASTER_PORT=29500 RANK=1 WORLD_SIZE=2 "${P[@]}" check --only master_port
 printf '$ check --only shm >&-\n' >>"$LOG"; "${P[@]}" check --only shm >&- 2>>"$LOG"; echo "rc=$?" >>"$LOG"
-pgrep -fa -- "-m preflight .*serve|$PWD/preflight/bench/worker.py" >>"$LOG" || echo "no preflight process left" >>"$LOG"
+pgrep -fa -- "-m preflight .*serve|$PWD/preflight/bench/worker/start.py" >>"$LOG" || echo "no preflight process left" >>"$LOG"
 
 tar -C "$W" -cf "$OUT/hardening.tar" hardening.log daemon-stderr.log
 rm -rf "$W"

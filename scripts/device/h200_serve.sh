@@ -25,7 +25,7 @@ wait $JOB
 sec "SIGTERM"
 t0=$(date +%s.%N); kill -TERM $SERVE; wait $SERVE; rc=$?; t1=$(date +%s.%N)
 echo "rc=$rc after $(python3 -c "print(round($t1-$t0,2))") s" >>"$LOG"
-pgrep -fa 'preflight --log-level info serve|bench/worker.py' >>"$LOG" || echo "no preflight process left" >>"$LOG"
+pgrep -fa 'preflight --log-level info serve|bench/worker/start.py' >>"$LOG" || echo "no preflight process left" >>"$LOG"
 sec "prolog (recording scontrol)"
 printf '#!/bin/sh\necho scontrol "$@" >> %s\n' "$LOG" >/tmp/scontrol; chmod +x /tmp/scontrol
 SLURMD_NODENAME=h200 python3 -m preflight prolog --scontrol /tmp/scontrol >>"$LOG" 2>&1; echo "prolog rc=$?" >>"$LOG"

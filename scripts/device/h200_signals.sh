@@ -12,7 +12,7 @@ export TMPDIR=/tmp/pf-signals; rm -rf "$TMPDIR"; mkdir -p "$TMPDIR"
 BUS=$(python3 -c "import sys; b=sys.argv[1].lower(); print(b[-12:])" "$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader | head -1)")
 
 left() {
-  local w; w=$(pgrep -f 'gpuspeed/worker.py|bench/worker.py' | tr '\n' ' ')
+  local w; w=$(pgrep -f 'bench/worker/start.py' | tr '\n' ' ')
   printf 'left: workers [%s] compute-apps [%s] mem-used %s MiB shm [%s] tmp [%s]\n' "$w" \
     "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader | tr '\n' ' ')" \
     "$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | tr '\n' ' ')" \
@@ -53,17 +53,17 @@ left
 
 # gpu_speed: the worker stops itself entering d2d (a worker hung in the driver looks the same).
 for sig in TERM INT HUP; do
-  case_ "speed-stopped-$sig" "$sig" 'gpuspeed/worker.py' 1.5 \
+  case_ "speed-stopped-$sig" "$sig" 'bench/worker/start.py' 1.5 \
     env PREFLIGHT_GPUSPEED_TEST_STALL="$BUS:d2d" "${P[@]}" check --only gpu_speed --json
 done
-case_ "speed-stopped-KILL" KILL 'gpuspeed/worker.py' 1.5 \
+case_ "speed-stopped-KILL" KILL 'bench/worker/start.py' 1.5 \
   env PREFLIGHT_GPUSPEED_TEST_STALL="$BUS:d2d" "${P[@]}" check --only gpu_speed --json
 rm -rf "${TMPDIR:?}"/preflight-*  # SIGKILL leaves the directory (documented); the next case starts clean
 # gpu_speed live: SIGTERM while it initialises the context / measures.
-case_ "speed-live-TERM" TERM 'gpuspeed/worker.py' 0.4 "${P[@]}" check --only gpu_speed --json
+case_ "speed-live-TERM" TERM 'bench/worker/start.py' 0.4 "${P[@]}" check --only gpu_speed --json
 # The all-reduce (nccl4py, one rank) in the check's thread: SIGTERM during import / NCCL init.
 for extra in 0.3 0.8; do
-  case_ "allreduce-TERM-$extra" TERM 'bench/worker.py' "$extra" \
+  case_ "allreduce-TERM-$extra" TERM 'bench/worker/start.py' "$extra" \
     python3 scripts/device/check_one_rank.py check --only allreduce --json
 done
 sec "after all"; left

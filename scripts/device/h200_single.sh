@@ -40,10 +40,10 @@ run nvidia-smi --query-compute-apps=pid,used_memory --format=csv
 sec "stall: SIGSTOP the one NCCL worker during its sweep"
 python3 scripts/device/nccl_one_rank.py >>"$LOG" 2>&1 &
 bg=$!
-for _ in $(seq 1 100); do w=$(pgrep -f 'bench/worker.py' | head -1); [ -n "$w" ] && break; sleep 0.1; done
+for _ in $(seq 1 100); do w=$(pgrep -f 'bench/worker/start.py' | head -1); [ -n "$w" ] && break; sleep 0.1; done
 sleep 4; echo "SIGSTOP worker pid $w at $(date +%T)" >>"$LOG"; kill -STOP "$w"
 wait $bg; echo "rc=$? at $(date +%T)" >>"$LOG"
-run pgrep -fa 'bench/worker.py'
+run pgrep -fa 'bench/worker/start.py'
 run nvidia-smi --query-compute-apps=pid,used_memory --format=csv
 
 sec "fingerprint and versions"

@@ -72,5 +72,5 @@ fi
 sec "left behind"
 run nvidia-smi --query-compute-apps=pid,used_memory --format=csv
 run ls -la /dev/shm
-run pgrep -fa 'worker.py|teardown_probe'
+run pgrep -fa 'worker/start.py|teardown_probe'
 cat "$J" >>"$LOG"

@@ -54,6 +54,6 @@ for e in nccl4py torch; do
   done
 done
 run cat "$OUT/stall.jsonl"
-run pgrep -fa 'bench/worker.py'
+run pgrep -fa 'bench/worker/start.py'
 run nvidia-smi --query-compute-apps=pid,used_memory --format=csv
 run ls -d /tmp/preflight-bench-*

@@ -61,5 +61,5 @@ fi
 sec "left behind"
 run nvidia-smi --query-compute-apps=pid,used_memory --format=csv
 run ls -la /dev/shm
-run pgrep -fa 'bench/worker.py|gpuspeed/worker.py'
+run pgrep -fa 'bench/worker/start.py'
 run ls -d /tmp/preflight-bench-* /tmp/preflight-gpuspeed-*

@@ -11,7 +11,7 @@ import sys
 import time
 
 from preflight.core.config import load
-from preflight.core.context import make_context
+from preflight.probes.node import make_context
 
 if sys.argv[1:] == ["nvml"]:
     ctx = make_context(load(path=None, env=os.environ, overrides={}))

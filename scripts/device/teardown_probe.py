@@ -64,7 +64,7 @@ def venv(python: str, libnccl: str | None = None) -> dict[str, object]:
     from preflight.bench import _interpreter
     from preflight.bench.parent import BenchOptions, run_workers
     from preflight.core.config import load
-    from preflight.core.context import make_context
+    from preflight.probes.node import make_context
 
     ctx = make_context(load(path=None, env=os.environ, overrides={"python": python}))
     chosen = _interpreter(ctx, "nccl", "auto")

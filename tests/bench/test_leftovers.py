@@ -72,6 +72,28 @@ def test_once_the_holder_is_gone_the_file_is_an_orphan(tmp_path: Path) -> None:
     assert not path.exists()
 
 
+def test_a_file_held_under_another_name_is_kept(tmp_path: Path) -> None:
+    """Held means the same device and inode: a process that has the file open through a hard
+    link elsewhere holds it."""
+    path = _segment(tmp_path, "nccl-aliased")
+    (tmp_path / "sub").mkdir()
+    os.link(path, tmp_path / "sub" / "alias")
+    holder = _holder(tmp_path / "sub" / "alias", "open")
+    try:
+        assert leftovers.remove_orphans(frozenset(), directory=str(tmp_path)) == ()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert path.exists()
+
+
+def test_nothing_is_removed_when_the_processes_cannot_be_listed(tmp_path: Path) -> None:
+    path = _segment(tmp_path, "nccl-unknown")
+    assert leftovers.remove_orphans(frozenset(), directory=str(tmp_path),
+                                    proc=str(tmp_path / "no-proc")) == ()
+    assert path.exists()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file another owner")
 def test_another_users_file_is_left_alone(tmp_path: Path) -> None:
     path = _segment(tmp_path, "nccl-theirs")

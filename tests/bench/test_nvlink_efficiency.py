@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from preflight.bench import method
-from preflight.bench.parent import BenchOptions, RankState, RunRecord
+from preflight.bench.options import BenchOptions, RunRecord, WorkerState
 from preflight.bench.verdict import judge
 from preflight.probes.nvml import (
     FI_NVLINK_GET_SPEED,
@@ -53,7 +53,7 @@ def _record(busbw: float, size: int = GiB) -> RunRecord:
     opts = BenchOptions(backend="nccl", nproc=2, sizes=(size,), timeout_s=60)
     ranks = []
     for r in range(2):
-        st = RankState(rank=r, label=f"GPU {r}")
+        st = WorkerState(rank=r, label=f"GPU {r}", reduces=True)
         st.times = {size: t}
         st.verified = {size: {"ok": True, "mismatches": 0}}
         ranks.append(st)

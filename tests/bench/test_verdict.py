@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 
-from preflight.bench.parent import (
+from preflight.bench.diagnosis import late
+from preflight.bench.options import (
     BenchOptions,
     Deadlines,
     Failure,
-    RankState,
+    RunOptions,
     RunRecord,
+    WorkerState,
     WorldSpec,
-    _stalled,
-    _step,
+    progress_order,
 )
 from preflight.bench.verdict import judge, render_table
 from preflight.core.result import Status
@@ -28,7 +29,7 @@ def _record(times: dict[int, float], *, nproc: int = 2, sizes: tuple[int, ...] =
     opts = BenchOptions(backend=backend, nproc=nproc, sizes=sizes, timeout_s=120)
     ranks = []
     for r in range(nproc):
-        st = RankState(rank=r, label=f"GPU {r}, 0000:0{r}:00.0", pid=100 + r)
+        st = WorkerState(rank=r, label=f"GPU {r}, 0000:0{r}:00.0", reduces=True, pid=100 + r)
         st.times = dict(times)
         st.verified = {s: {"ok": True, "mismatches": 0} for s in times}
         if verified and r in verified:
@@ -118,17 +119,26 @@ def test_stall_is_fail_and_death_is_error() -> None:
     assert died.status is Status.ERROR and died.reason == "WorkerDied"
 
 
-def _ranks(*where: tuple[str, int | None, float, float]) -> list[RankState]:
+STEPS = {"spawn": "start", "imports": "start", "init": "allreduce", "warmup": "allreduce",
+         "measure": "allreduce", "verify": "allreduce"}
+
+
+def _ranks(*where: tuple[str, int | None, float, float]) -> list[WorkerState]:
     out = []
     for r, (phase, size, entered, beat) in enumerate(where):
-        st = RankState(rank=r, label="CPU", phase=phase, size=size, entered=entered,
-                       last_beat=beat, heard=True)
-        st.step = _step(phase, size, SIZES)
-        out.append(st)
+        step = STEPS[phase]
+        out.append(WorkerState(rank=r, label="CPU", reduces=True, step=step, phase=phase,
+                               size=size, order=progress_order(step, phase, size, SIZES),
+                               entered=entered, last_beat=beat, heard=True))
     return out
 
 
 D = Deadlines.from_timeout(120)
+LIMITS = RunOptions(allreduce=BenchOptions("gloo", 2, SIZES, 120)).limits()
+
+
+def _stalled(ranks: list[WorkerState], now: float) -> Failure | None:
+    return late(ranks, LIMITS, now, {"allreduce": 0.0})
 
 
 def test_deadlines_from_timeout() -> None:
@@ -140,7 +150,7 @@ def test_the_rank_behind_is_named() -> None:
     now = 100.0
     ranks = _ranks(("warmup", GiB, 60.0, now), ("verify", 512 << 20, 58.0, 60.0),
                    ("warmup", GiB, 61.0, now))
-    f = _stalled(ranks, D, now, 0.0)
+    f = _stalled(ranks, now)
     assert f is not None and f.kind == "stalled" and f.ranks == (1,)
     assert f.message == ("rank 1 (CPU) stalled in verify of 512 MiB after 42 s (no heartbeat for "
                          "40 s: the process is frozen); ranks 0, 2 reached warm-up of 1 GiB")
@@ -149,13 +159,13 @@ def test_the_rank_behind_is_named() -> None:
 def test_same_step_frozen_rank_vs_hung_collective() -> None:
     now = 100.0
     frozen = _ranks(("measure", GiB, 60.0, now), ("measure", GiB, 60.0, 65.0))
-    f = _stalled(frozen, D, now, 0.0)
+    f = _stalled(frozen, now)
     assert f is not None and f.ranks == (1,)
     assert f.message.startswith("rank 1 (CPU) stopped in measure of 1 GiB (no heartbeat for 35 s")
     hung = _ranks(("measure", GiB, 60.0, now), ("measure", GiB, 60.0, now))
-    f = _stalled(hung, D, now, 0.0)
+    f = _stalled(hung, now)
     assert f is not None and f.kind == "hung" and "collective itself hangs" in f.message
-    assert _stalled(hung, D, 80.0, 0.0) is None  # 20 s < 30 s: still just slow
+    assert _stalled(hung, 80.0) is None  # 20 s < 30 s: still just slow
 
 
 def test_where_the_others_waited_follows_the_phase() -> None:
@@ -163,12 +173,15 @@ def test_where_the_others_waited_follows_the_phase() -> None:
     the H200: one rank SIGSTOPped while torch was still loading)."""
     now = 100.0
     early = _ranks(("init", None, 30.0, 40.0), ("init", None, 31.0, now))
-    f = _stalled(early, Deadlines.from_timeout(120), now, 0.0)
+    f = _stalled(early, now)
     assert f is not None and f.ranks == (0,)
     assert f.message.endswith("the others waited 70 s at the rendezvous"), f.message
     frozen = _ranks(("measure", GiB, 60.0, now), ("measure", GiB, 60.0, 65.0))
-    f = _stalled(frozen, D, now, 0.0)
+    f = _stalled(frozen, now)
     assert f is not None and f.message.endswith("the others waited 40 s in the collective")
-    alone = _ranks(("spawn", None, 30.0, 40.0))
-    f = _stalled(alone, Deadlines.from_timeout(120), now, 0.0)
-    assert f is not None and "; the run waited 70 s at the rendezvous" in f.message
+    # Alone and frozen while still starting (heard from, then silent): named as stalled there.
+    alone = _ranks(("imports", None, 30.0, 40.0))
+    f = _stalled(alone, now)
+    assert f is not None and f.kind == "stalled"
+    assert f.message == ("rank 0 (CPU) stalled in import after 70.0 s (deadline 60 s) (no "
+                         "heartbeat for 60 s: the process is frozen)")

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preflight.checks import cuda_devices
 from preflight.core.result import Result, Status
-from preflight.jobenv import cuda_visible
 from preflight.probes.gpu import GpuSnapshot
 from tests import topologies
 from tests.conftest import MakeCtx
@@ -29,57 +27,6 @@ def check(make_ctx: MakeCtx, snapshot: GpuSnapshot, **env: str) -> Result:
 
 def visible_bus_ids(r: Result) -> list[str]:
     return [d["pci_bus_id"] for d in r.details["visible"]]
-
-
-# -- the parser, on literal strings ----------------------------------------------------------
-
-@pytest.mark.parametrize(("text", "kind", "index", "trailing"), [
-    ("0", cuda_visible.Kind.INDEX, 0, ""),
-    (" 3", cuda_visible.Kind.INDEX, 3, ""),
-    ("+2", cuda_visible.Kind.INDEX, 2, ""),
-    ("-1", cuda_visible.Kind.INDEX, -1, ""),
-    ("1gpu2", cuda_visible.Kind.INDEX, 1, "gpu2"),  # strtoul: "1gpu2,2ampere" is "1,2"
-    ("", cuda_visible.Kind.INVALID, None, ""),
-    ("abc", cuda_visible.Kind.INVALID, None, ""),
-    ("GPU-", cuda_visible.Kind.INVALID, None, ""),
-    ("GPU-8932f937", cuda_visible.Kind.GPU_UUID, None, ""),
-    ("MIG-GPU-8932f937-d72c-4106-c12f-20bd9faed9f6/1/2", cuda_visible.Kind.MIG, None, ""),
-    ("MIG-GPU-8932f937/x/2", cuda_visible.Kind.INVALID, None, ""),
-    ("MIG-4f1c2b3a", cuda_visible.Kind.MIG, None, ""),
-])
-def test_entry_kinds(text: str, kind: cuda_visible.Kind, index: int | None, trailing: str) -> None:
-    e = cuda_visible.parse_entry(1, text)
-    assert (e.kind, e.index, e.trailing) == (kind, index, trailing)
-
-
-def test_unset_and_empty_differ() -> None:
-    assert cuda_visible.parse(None).unset and cuda_visible.parse(None).entries is None
-    assert cuda_visible.parse("").empty and cuda_visible.parse("").entries == ()
-
-
-def test_mig_gi_ci_form_resolves_to_the_instance() -> None:
-    parent = MIG.gpus[0].uuid
-    res = cuda_visible.resolve(cuda_visible.parse(f"MIG-{parent}/2/0"), MIG)
-    assert [d.mig.uuid for d in res.devices if d.mig] == [MIG1]
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.one_of(st.none(), st.text(), st.lists(
-    st.sampled_from(["0", "1", "-1", "7", "", " 2", "GPU-", "GPU-00a0", "GPU-11a0c1f2", "MIG-",
-                     f"MIG-{MIG0}", f"MIG-{MIG1}", "MIG-GPU-00a0c1f2/1/0", "x", "1a", "00a0c1f2",
-                     "99999999999999999999999"]), max_size=6).map(",".join)))
-def test_any_text_resolves_without_exception(text: str | None) -> None:
-    parsed = cuda_visible.parse(text)
-    for snap in (H100, MIG, H200, topologies.cuda_order_differs(),
-                 topologies.shared_uuid_prefix()):
-        res = cuda_visible.resolve(parsed, snap)
-        # CUDA never exposes more devices than the node has, nor one device twice.
-        keys = [(d.gpu.uuid, d.mig.uuid if d.mig else None) for d in res.devices]
-        assert len(keys) == len(set(keys)) <= len(snap.gpus) + sum(
-            len(g.mig_instances) for g in snap.gpus)
-        assert sum(1 for d in res.devices if d.mig) <= 1
-        assert [d.cuda_index for d in res.devices] == list(range(len(res.devices)))
-    cuda_visible.text_problems(parsed)
 
 
 @settings(max_examples=200, deadline=None)

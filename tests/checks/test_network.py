@@ -5,12 +5,16 @@ reads: the verdict, the reason, whose fault it is, the interface named."""
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 
-from preflight.checks import network
+from preflight.checks import CHECKS, network
 from preflight.core.result import Scope, Status
+from preflight.core.runner import run_checks, select
+from preflight.probes.ib import probe_ib
 from preflight.probes.net import FixtureNetProbe, NetIf, make_snapshot
+from tests.checks.sysfs_ib import add_port
 from tests.conftest import MakeCtx
 
 V4 = socket.AF_INET
@@ -68,3 +72,26 @@ def test_an_unresolvable_master_addr_is_left_to_master_port(make_ctx: MakeCtx) -
     r = network.run(make_ctx(env=env, net=probe(LO, MGMT, DATA)))
     assert r.status is Status.PASS
     assert "route to MASTER_ADDR='rank0.invalid' not judged" in r.message
+
+
+def test_no_active_rdma_port_is_one_fault_the_fabric_checks(make_ctx: MakeCtx,
+                                                            tmp_path: Path) -> None:
+    """Every RDMA port down on a multi-node job: fabric reports the ports (FAIL IbNoActivePort,
+    the node fault and its alert); network only says what NCCL will select (sockets) and
+    points at fabric, under its own reason, so the one cause is not reported twice."""
+    for i in range(2):
+        add_port(tmp_path, f"mlx5_{i}", state="DOWN", phys="Polling")
+    ports = probe_ib(tmp_path / "sys" / "class" / "infiniband")
+    net = FixtureNetProbe(make_snapshot((LO, MGMT, DATA), {V4: ("eth0",)}),
+                          ib_ports=ports, routes={"10.0.1.1": "10.0.1.5"})
+    ctx = make_ctx(env={**MULTI, "NCCL_SOCKET_IFNAME": "=eth1"}, net=net, root=tmp_path,
+                   fabric_counter_interval_s=0)
+    report = run_checks(ctx, select(CHECKS, only=["network", "fabric"]))
+    by = {r.check: r for r in report.results}
+    assert (by["fabric"].status, by["fabric"].reason, by["fabric"].scope) == (
+        Status.FAIL, "IbNoActivePort", Scope.NODE)
+    assert (by["network"].status, by["network"].reason) == (Status.WARN, "NcclSocketFallback")
+    assert "NCCL will run between nodes over TCP sockets" in by["network"].message
+    assert "fabric" in by["network"].message and "fabric" in by["network"].remedy
+    reasons = [reason for r in report.results for reason in r.details.get("reasons", [r.reason])]
+    assert reasons.count("IbNoActivePort") == 1, reasons

@@ -131,3 +131,103 @@ def test_job_caused_xids_never_fail_the_node(events: list[tuple[str, int, float]
                   source="/dev/kmsg")
     assert r.status is Status.PASS
     assert r.reason == ("XidJobOnly" if events else "NoXid")
+
+
+# -- Xids that stay fixed: resets and acknowledgements (preflight xid) ----------------------
+
+BOOT_ID = "0d7e0c6e-1a2b-4c3d-8e9f-001122334455"
+
+
+def _acked_root(tmp_path: Path, *records: tuple[float, str], uptime_s: float) -> Path:
+    root = kmsg_root(tmp_path, *records, uptime_s=uptime_s)
+    (root / "proc/sys/kernel/random").mkdir(parents=True, exist_ok=True)
+    (root / "proc/sys/kernel/random/boot_id").write_text(BOOT_ID + "\n")
+    return root
+
+
+def _xid(tmp_path: Path, root: Path, *args: str) -> tuple[int, dict[str, object], str]:
+    from tests.helpers import run_cli
+
+    fixture = write_fixture(tmp_path / "nvml.json", topologies.healthy_8x_h100())
+    proc = run_cli(["xid", "--root", str(root), "--json", *args], fixture=fixture,
+                   env={"PREFLIGHT_STATE_DIR": str(tmp_path / "state")})
+    assert "Traceback" not in proc.stderr
+    import json
+
+    return proc.returncode, (json.loads(proc.stdout) if proc.stdout else {}), proc.stderr
+
+
+def test_an_acknowledged_xid_stops_failing_and_a_new_one_fails_again(tmp_path: Path) -> None:
+    root = _acked_root(tmp_path, (7200.0, FELL_OFF_GPU3), uptime_s=9000.0)
+    rc, report, _ = _xid(tmp_path, root)
+    assert rc == 1 and report["results"][0]["reason"] == "XidNodeFault"  # type: ignore[index]
+
+    rc, report, err = _xid(tmp_path, root, "--ack", "--gpu", "5d:00.0")
+    assert rc == 0, err
+    result = report["results"][0]  # type: ignore[index]
+    assert result["reason"] == "XidAcknowledged"
+    assert "GPU 3 (0000:5d:00): Xid 79 x1 (acknowledged at 2.5 h after boot)" in result["message"]
+    assert "GPU 0000:5d:00: Xids logged up to now (acknowledged at 2.5 h after boot)" in err
+
+    # The prolog's check sees the same record; a new Xid after it fails again.
+    again = _acked_root(tmp_path, (7200.0, FELL_OFF_GPU3), (9500.0, FELL_OFF_GPU3),
+                        uptime_s=9600.0)
+    rc, report = cli_json(["check", "--only", "xid", "--root", str(again)],
+                          fixture=tmp_path / "nvml.json",
+                          env={"PREFLIGHT_STATE_DIR": str(tmp_path / "state")})
+    result = report["results"][0]  # type: ignore[index]
+    assert rc == 1 and result["reason"] == "XidNodeFault"
+    assert "GPU 3 (0000:5d:00): Xid 79 x1, GPU has fallen off the bus" in result["message"]
+    assert result["details"]["xids"][0]["acknowledged"] == 1
+
+
+def test_an_ack_covers_its_gpu_only_and_this_boot_only(tmp_path: Path) -> None:
+    root = _acked_root(tmp_path, (7200.0, FELL_OFF_GPU3), uptime_s=9000.0)
+    rc, _, _ = _xid(tmp_path, root, "--ack", "--gpu", "0000:18:00.0")
+    assert rc == 1  # GPU 0's ack says nothing about GPU 3
+    rc, _, _ = _xid(tmp_path, root, "--ack")
+    assert rc == 0  # every GPU
+    (root / "proc/sys/kernel/random/boot_id").write_text("11111111-2222-3333-4444-555555555555\n")
+    rc, _, _ = _xid(tmp_path, root)
+    assert rc == 1  # a record of another boot is not this boot's
+
+
+def test_reset_runs_nvidia_smi_and_records_only_when_it_worked(tmp_path: Path) -> None:
+    root = _acked_root(tmp_path, (7200.0, FELL_OFF_GPU3), uptime_s=9000.0)
+    calls = tmp_path / "smi-calls"
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\necho "$@" >> {calls}\necho "GPU 00000000:5D:00.0 is in use" '
+                   '>&2\nexit "${SMI_EXIT:-0}"\n')
+    smi.chmod(0o755)
+    from tests.helpers import run_cli
+
+    fixture = write_fixture(tmp_path / "nvml.json", topologies.healthy_8x_h100())
+    env = {"PREFLIGHT_STATE_DIR": str(tmp_path / "state"), "SMI_EXIT": "3"}
+    proc = run_cli(["xid", "--root", str(root), "--reset", "--gpu", "0000:5d:00.0",
+                    "--nvidia-smi", str(smi)], fixture=fixture, env=env)
+    assert proc.returncode == 2
+    assert ("nvidia-smi --gpu-reset exit 3: GPU 00000000:5D:00.0 is in use; nothing recorded"
+            in proc.stderr)
+    assert not (tmp_path / "state" / "xid-acks.json").exists()
+    rc, report, _ = _xid(tmp_path, root, "--reset", "--gpu", "0000:5d:00.0", "--nvidia-smi",
+                         str(smi))
+    assert rc == 0
+    assert "(GPU reset at 2.5 h after boot)" in report["results"][0]["message"]  # type: ignore
+    assert calls.read_text().splitlines() == ["--gpu-reset -i 0000:5d:00.0"] * 2
+
+
+@pytest.mark.parametrize("args", [["--gpu", "gpu3", "--ack"], ["--reset"]])
+def test_xid_usage_errors_exit_2(tmp_path: Path, args: list[str]) -> None:
+    root = _acked_root(tmp_path, uptime_s=100.0)
+    rc, _, err = _xid(tmp_path, root, *args)
+    assert rc == 2 and "configuration error" in err
+
+
+@given(st.lists(st.floats(0, 1e6), max_size=20), st.floats(0, 1e6))
+def test_an_ack_covers_exactly_what_was_logged_before_it(times: list[float], at: float) -> None:
+    from preflight.core.xidacks import Ack
+
+    evs = [XidEvent("0000:5d:00", 79, "", t) for t in times] + [XidEvent("0000:5d:00", 79, "")]
+    [c] = xid.count(evs, {"0000:5d:00": 3}, [Ack("0000:5d:00", at, 0.0)])
+    assert c.acknowledged == sum(1 for t in times if t <= at)
+    assert c.active >= 1  # an Xid without a time is never acknowledged

@@ -49,10 +49,11 @@ class SyntheticRunner:
     def __init__(self, rank: int, fabric: Fabric, *, nnodes: int, timeout_s: float,
                  nproc: int = 1,
                  facts: Callable[[str], dict[str, Any]] | None = None,
-                 checks: Callable[[], dict[str, Any]] | None = None) -> None:
+                 checks: Callable[[], dict[str, Any]] | None = None,
+                 ddp: Callable[[list[int]], dict[str, Any]] | None = None) -> None:
         self.rank, self.fabric, self.nproc = rank, fabric, nproc
         self.nnodes, self.timeout_s = nnodes, timeout_s
-        self._facts, self._checks = facts, checks
+        self._facts, self._checks, self._ddp = facts, checks, ddp
 
     def facts(self, nonce: str) -> dict[str, Any]:
         if self._facts is not None:
@@ -78,6 +79,14 @@ class SyntheticRunner:
         return {"status": "pass", "reason": "AllreduceOk", "busbw_gbps": round(fig, 5),
                 "message": "ok", "failure_kind": None, "nccl_warnings": [],
                 "world_size": len(group)}
+
+
+    def ddp(self, *, key: str, nodes: list[int], nproc: Callable[[int], int]) -> dict[str, Any]:
+        if self._ddp is not None:
+            return self._ddp(nodes)
+        return {"status": "error", "reason": "DdpUndecided", "message": "not simulated",
+                "ranks": [], "failure": None, "device": None, "nccl_warnings": [],
+                "seconds": None}
 
 
 def arrival(rank: int, nonce: str, *, nnodes: int = 0, timeout_s: float = 0.0, nproc: int = 1,

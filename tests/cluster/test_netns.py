@@ -222,10 +222,10 @@ def test_stalled_rank_is_named_with_its_node_and_device(cluster: Any) -> None:
     agents[1].wait_stderr("all-reduce world")
     worker = None
     for _ in range(200):
-        # The worker once it runs worker.py: a child caught between fork and exec still runs the
-        # agent's code, and stopping it there blocks the agent inside subprocess.Popen, which
-        # waits for the exec (seen under load on a 2-core CI machine).
-        workers = [int(p) for p in c.pids(1) if b"worker.py" in cmdline(int(p))]
+        # The worker once it runs bench/worker/start.py: a child caught between fork and exec
+        # still runs the agent's code, and stopping it there blocks the agent inside
+        # subprocess.Popen, which waits for the exec (seen under load on a 2-core CI machine).
+        workers = [int(p) for p in c.pids(1) if b"bench/worker/start.py" in cmdline(int(p))]
         if workers:
             worker = workers[0]
             break

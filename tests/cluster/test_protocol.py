@@ -150,6 +150,39 @@ def test_each_malformed_store_value_names_its_node_and_the_run_goes_on(port: int
     assert (row["status"], row["why"]) == ("fail", ["sent an invalid node checks"])
 
 
+def test_ddp_over_every_node_is_one_step_and_a_garbled_answer_names_its_node(port: int) -> None:
+    from tests.ddp.test_proofs import _facts
+
+    def node(rank: int, answer: dict[str, Any]) -> SyntheticRunner:
+        return SyntheticRunner(rank, Fabric(), nnodes=3, timeout_s=20.0,
+                               ddp=lambda nodes: answer)
+
+    def healthy(rank: int) -> dict[str, Any]:
+        return {"status": "pass", "reason": "DdpWorldRan", "message": "",
+                "ranks": [_facts(rank, world=3)], "failure": None,
+                "device": {"status": "n/a", "message": ""}, "nccl_warnings": [],
+                "seconds": 1.0}
+
+    settings = dataclasses.replace(SETTINGS, bandwidth=False, ddp=True, ddp_deadline_s=10.0)
+    v = same_everywhere(run_cluster(3, Fabric(), port=port, settings=settings, runners={
+        r: node(r, healthy(r)) for r in range(3)}))
+    assert v["ddp"]["status"] == "pass" and v["ddp"]["ranks"] == 3, v["ddp"]
+    assert v["exit_code"] == 0
+    # node 2's answer has a list where the failure's object goes: named, and the step fails
+    # as not answered by it, instead of the run stopping.
+    bad = {**healthy(2), "status": "fail", "failure": ["stalled"]}
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        other = int(sock.getsockname()[1])
+    out = run_cluster(3, Fabric(), port=other, settings=settings, runners={
+        0: node(0, healthy(0)), 1: node(1, healthy(1)), 2: node(2, bad)})
+    v = same_everywhere(out)
+    assert [g["node_rank"] for g in v["garbage"]] == [2]
+    assert v["garbage"][0]["why"] == "failure is a list, expected an object"
+    assert v["ddp"]["status"] == "fail" and "2 did not answer" in v["ddp"]["message"]
+    assert "DdpWorldFailed" in [f["reason"] for f in v["findings"]] and v["exit_code"] == 1
+
+
 def test_a_stray_agent_with_another_nnodes_is_named_and_a_late_node_is_not_missing(port: int
                                                                                     ) -> None:
     fabric = Fabric()

@@ -13,16 +13,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preflight.bench.parent import BenchOptions, RankState, RunRecord
+from preflight.bench.options import BenchOptions, RunRecord, WorkerState
 from preflight.cluster import localise, parity, wire
 from preflight.cluster.facts import link_of
-from preflight.cluster.groups import judge_across, merge, nccl_warnings, record_warnings
+from preflight.cluster.groups import judge_across, merge, record_warnings
 from preflight.cluster.localise import Localiser, Outcome
 from preflight.cluster.options import ClusterUsageError, first_host, resolve
 from preflight.cluster.roll import Entry, Roll
 from preflight.cluster.verdict import Verdict, render
-from preflight.jobenv.netvars import IbPort
-from preflight.probes.net import IbSnapshot, NetIf, make_snapshot, parse_speed
+from preflight.probes.ib import IbPort, IbSnapshot
+from preflight.probes.net import NetIf, make_snapshot, parse_speed
 from tests.cluster.sim import arrival
 
 
@@ -278,16 +278,14 @@ def test_across_nodes_a_run_is_judged_as_a_fraction_of_the_slowest_link() -> Non
 
 
 def test_nccls_warn_lines_are_kept_from_the_failed_ranks_logs() -> None:
-    tail = ("host:1:2 [0] NCCL INFO Bootstrap : Using eth0\n"
-            "host:1:2 [0] init.cc:900 NCCL WARN Duplicate GPU detected : rank 1 and rank 0 both "
-            "on CUDA device 1a000\nTraceback (most recent call last):\n")
-    opts = BenchOptions(backend="nccl", nproc=1, sizes=(4,), timeout_s=1.0)
-    st_ = RankState(rank=0, label="cuda:0", error="ncclInvalidUsage", traceback=tail)
-    record = RunRecord(options=opts, ranks=(st_,), failure=None, store_port=None, log_dir=None,
+    opts = BenchOptions(backend="nccl", nproc=2, sizes=(4,), timeout_s=1.0)
+    dup = "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000"
+    ranks = (WorkerState(rank=0, label="cuda:0", error="ncclInvalidUsage", nccl_warnings=(dup,)),
+             WorkerState(rank=1, label="cuda:1", nccl_warnings=(dup, "Bootstrap :  no socket "
+                                                                     "interface found")))
+    record = RunRecord(options=opts, ranks=ranks, failure=None, store_port=None, log_dir=None,
                        elapsed_s=0.1)
-    assert record_warnings(record) == [
-        "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000"]
-    assert nccl_warnings(["x NCCL WARN a", "y NCCL WARN a", "NCCL WARN b"]) == ["a", "b"]
+    assert record_warnings(record) == [dup, "Bootstrap : no socket interface found"]
 
 
 def test_merge_names_the_node_whose_own_workers_failed_not_the_ones_that_waited() -> None:

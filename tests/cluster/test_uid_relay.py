@@ -28,36 +28,38 @@ from tests.cluster.conftest import REPO
 
 torch_dist = pytest.importorskip("torch.distributed")
 
-#: Stands in for the interpreter: ignores the worker script path, runs the real worker's
-#: parser, engine choice and rendezvous, then fakes the GPU part.
+#: Stands in for the interpreter: ignores the worker script path, speaks the real wire (its
+#: events, control pipe and death signal) and the real engine choice, then fakes the GPU part.
 FAKE = '''
 import json, os, sys, time
-sys.path.insert(0, {bench!r})
-import worker as w
-args = w._parse(sys.argv[2:])
-w._die_with_parent(args.parent_pid)
-p = w.Progress(args.progress_fd, args.rank)
-p.send("started", t_main=time.time())
-engine = w._pick_engine(args)
-index = args.rank if args.local_rank is None else args.local_rank
-p.send("spawned", pid=os.getpid(), engine=engine, device="cuda:%d" % index)
-p.send("phase", phase="init")
-if args.rank == 0:
+sys.path.insert(0, {worker!r})
+import engines, wire
+argv = sys.argv[2:]
+plan = json.loads(argv[argv.index("--plan") + 1])
+wire.die_with_parent(int(argv[argv.index("--parent-pid") + 1]))
+p = wire.Progress(int(argv[argv.index("--progress-fd") + 1]))
+p.send(wire.STARTED, t_main=time.time(), pid=os.getpid())
+ar = plan["allreduce"]
+have = {{"modules": {{"nccl": "here", "cuda.bindings": "here", "torch": "here"}}}}
+engine = engines.choose("allreduce", ar["engine"], have, backend=ar["backend"])[0]
+p.send(wire.ENGINE, step=wire.ALLREDUCE, engine=engine)
+p.send(wire.PHASE, step=wire.ALLREDUCE, phase="init")
+if ar["rank"] == 0:
     uid = os.urandom(16).hex()
-    p.send("uid", uid=uid)
+    p.send(wire.PUBLISH, uid=uid)
 else:
-    uid = w._read_rendezvous("uid", args.timeout_s)
-with open(os.path.join(os.environ["FAKE_OUT"], "rank%d.json" % args.rank), "w") as f:
-    json.dump({{"uid": uid, "engine": engine, "local_rank": index,
-               "world": args.world_size}}, f)
-p.send("phase", phase="init", done=True)
-size = int(args.sizes)
+    uid = wire.Control(0).get(wire.UID, ar["timeout_s"])
+with open(os.path.join(os.environ["FAKE_OUT"], "rank%d.json" % ar["rank"]), "w") as f:
+    json.dump({{"uid": uid, "engine": engine, "local_rank": plan["device"],
+               "world": ar["world_size"]}}, f)
+size = ar["sizes"][0]
 for ph in ("warmup", "measure"):
-    p.send("phase", phase=ph, size=size)
-p.send("measured", size=size, time_s=0.001, iters=1)
-p.send("phase", phase="verify", size=size)
-p.send("verified", size=size, ok=True, mismatches=0, elements=size // 4)
-p.send("done", phase_times={{"imports": 0.01}})
+    p.send(wire.PHASE, step=wire.ALLREDUCE, phase=ph, size=size)
+p.send(wire.MEASURED, size=size, time_s=0.001, iters=1)
+p.send(wire.PHASE, step=wire.ALLREDUCE, phase="verify", size=size)
+p.send(wire.VERIFIED, size=size, ok=True, mismatches=0, elements=size // 4)
+p.send(wire.STEP_DONE, step=wire.ALLREDUCE, times={{"nccl_init": 0.01}})
+p.send(wire.DONE)
 '''
 
 
@@ -65,7 +67,7 @@ p.send("done", phase_times={{"imports": 0.01}})
 def fake_python(tmp_path: Path) -> str:
     path = tmp_path / "fake-python"
     path.write_text(f"#!{sys.executable}\n"
-                    + FAKE.format(bench=str(REPO / "preflight" / "bench")))
+                    + FAKE.format(worker=str(REPO / "preflight" / "bench" / "worker")))
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return str(path)
 
@@ -179,17 +181,13 @@ def test_one_engine_for_every_node() -> None:
     assert choose_engine("auto", "gloo", {0: True}) == "torch"
 
 
-def test_worker_takes_nccl4py_across_nodes_only_when_named(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    sys.path.insert(0, str(REPO / "preflight" / "bench"))
-    try:
-        import worker  # type: ignore[import-not-found]
-    finally:
-        sys.path.pop(0)
-    import importlib.util
-
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
-    base = ["--rank", "2", "--world-size", "4", "--backend", "nccl", "--sizes", "4",
-            "--progress-fd", "1", "--local-rank", "0", "--store", "h:1"]
-    assert worker._pick_engine(worker._parse(base)) == "torch"
-    assert worker._pick_engine(worker._parse([*base, "--engine", "nccl4py"])) == "nccl4py"
+def test_workers_take_nccl4py_across_nodes_only_when_named() -> None:
+    """auto across nodes is torch (every node must run one engine, which one node cannot
+    tell); the cluster agent names the engine it chose for all."""
+    spec = WorldSpec(store_host="h", store_port=1, store_prefix="x/", rank_offset=2,
+                     world_size=4)
+    for asked, told in (("auto", "torch"), ("nccl4py", "nccl4py"), ("torch", "torch")):
+        opts = BenchOptions(backend="nccl", nproc=1, sizes=(4,), timeout_s=6.0, engine=asked,
+                            world=spec)
+        step = opts.step(0)
+        assert (step["engine"], step["rank"], step["store"]) == (told, 2, "h:1")

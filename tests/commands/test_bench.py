@@ -108,7 +108,7 @@ def test_check_no_bandwidth_skips_it(tmp_path: Path) -> None:
 
 def test_workers_run_under_the_named_interpreter(tmp_path: Path) -> None:
     """--python runs the workers in another environment (the training venv); one without torch
-    gives an ERROR that names it and the way out."""
+    gives an ERROR that names it, what it lacks and the way out."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
                    timeout=60)
@@ -117,9 +117,9 @@ def test_workers_run_under_the_named_interpreter(tmp_path: Path) -> None:
                     "--json"], timeout=90)
     assert proc.returncode == 3, proc.stderr
     data = json.loads(proc.stdout)
-    assert data["reason"] == "WorkerFailed"
-    assert "No module named 'torch'" in data["message"]
-    assert str(python) in data["remedy"] and "--python" in data["remedy"]
+    assert data["reason"] == "EngineMissing"
+    assert data["message"] == f"the all-reduce test needs torch, which {python} cannot import."
+    assert "--python" in data["remedy"] and data["environment"]["torch"] is None
 
 
 def test_plan_reads_cuda_visible_devices_as_cuda_does(make_ctx) -> None:  # type: ignore[no-untyped-def]

@@ -3,10 +3,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from preflight.core.config import Config, ConfigError, from_env, load, load_file
+from preflight.core.config import (
+    Config,
+    ConfigError,
+    SiteCheck,
+    as_data,
+    from_env,
+    load,
+    load_file,
+)
 
 
 def test_defaults_are_valid() -> None:
@@ -95,3 +104,109 @@ def test_any_env_value_is_accepted_or_a_config_error(key: str, value: str) -> No
         from_env({f"PREFLIGHT_{key}": value}, base=Config())
     except ConfigError as exc:
         assert key.lower() in str(exc)
+
+
+# -- site_checks: a list of tables --------------------------------------------------------------
+
+SITE_TOML = """
+[[site_checks]]
+name = "lustre"
+path = "/usr/local/libexec/preflight/lustre"
+args = ["--fs", "/lustre"]
+timeout_s = 5
+
+[[site_checks]]
+name = "licence"
+path = "/opt/site/licence-ok"
+scope = "job"
+reason = "LicenceDown"
+"""
+SITE_YAML = """
+site_checks:
+  - name: lustre
+    path: /usr/local/libexec/preflight/lustre
+    args: [--fs, /lustre]
+    timeout_s: 5
+  - {name: licence, path: /opt/site/licence-ok, scope: job, reason: LicenceDown}
+"""
+
+
+def test_site_checks_read_alike_from_toml_and_yaml(tmp_path: Path) -> None:
+    (tmp_path / "s.toml").write_text(SITE_TOML)
+    (tmp_path / "s.yaml").write_text(SITE_YAML)
+    toml, yml = load_file(tmp_path / "s.toml"), load_file(tmp_path / "s.yaml")
+    assert toml == yml
+    assert toml.site_checks == (
+        SiteCheck("lustre", "/usr/local/libexec/preflight/lustre", ("--fs", "/lustre"), 5.0),
+        SiteCheck("licence", "/opt/site/licence-ok", scope="job", reason="LicenceDown"))
+
+
+def test_site_checks_travel_to_the_daemons_child_unchanged(tmp_path: Path) -> None:
+    """The daemon hands its config to the check child as YAML (as_data)."""
+    (tmp_path / "s.toml").write_text(SITE_TOML)
+    cfg = load_file(tmp_path / "s.toml")
+    again = tmp_path / "again.yaml"
+    again.write_text(yaml.safe_dump(as_data(cfg)))
+    assert load_file(again) == cfg
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ("site_checks: lustre", "site_checks must be a list of tables (name, path, ...)"),
+    ("site_checks: [5]", "site_checks[0] must be a table with name, path"),
+    ("site_checks: [{name: a}]", "site_checks[0]: missing path"),
+    ("site_checks: [{name: a, path: /x, time: 3}]", "site_checks[0]: unknown key 'time'"),
+    ("site_checks: [{name: a, path: /x, timeout_s: soon}]",
+     "site_checks[0].timeout_s must be a number"),
+    ("site_checks: [{name: a, path: /x, timeout_s: 0}]",
+     "site_checks[0].timeout_s must be a finite number in 0.001..600 s"),
+    ("site_checks: [{name: a, path: /x, args: [1]}]",
+     "site_checks[0].args must be a list of strings"),
+    ("site_checks: [{name: a, path: x}]", "site_checks[0].path must be an absolute path"),
+    ("site_checks: [{name: Lustre, path: /x}]", "site_checks[0].name must be lower-case"),
+    ("site_checks: [{name: a, path: /x, scope: undecided}]",
+     "site_checks[0].scope must be node or job"),
+    ("site_checks: [{name: a, path: /x, reason: not-camel}]",
+     "site_checks[0].reason must be a CamelCase token"),
+    ("site_checks: [{name: a, path: /x}, {name: a, path: /y}]",
+     "site_checks[1].name must be a name no other site check has"),
+])
+def test_site_check_errors_name_the_entry_and_key(tmp_path: Path, entry: str,
+                                                  message: str) -> None:
+    f = tmp_path / "s.yaml"
+    f.write_text(entry + "\n")
+    with pytest.raises(ConfigError) as err:
+        load_file(f)
+    assert str(err.value).startswith(f"{f}: {message}")
+
+
+def test_site_checks_are_bounded(tmp_path: Path) -> None:
+    f = tmp_path / "s.yaml"
+    f.write_text("site_checks:\n" + "".join(f"  - {{name: c{i}, path: /x}}\n"
+                                            for i in range(65)))
+    with pytest.raises(ConfigError, match="site_checks has 65 entries, at most 64"):
+        load_file(f)
+
+
+def test_site_checks_cannot_come_from_the_environment() -> None:
+    with pytest.raises(ConfigError, match="site_checks is a list of tables: set it in the "
+                                          "config file"):
+        from_env({"PREFLIGHT_SITE_CHECKS": "/bin/true"}, base=Config())
+
+
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**6), st.floats(),
+                     st.text(max_size=12), st.sampled_from(["/bin/true", "node", "job", "x"]))
+_VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3), max_leaves=6)
+_TABLE = st.dictionaries(st.sampled_from(["name", "path", "args", "timeout_s", "scope", "reason",
+                                          "remedy", "summary", "other"]), _VALUES, max_size=8)
+
+
+@given(st.one_of(_VALUES, st.lists(_TABLE, max_size=4)))
+def test_any_site_checks_value_is_accepted_or_a_config_error(value: object) -> None:
+    from preflight.core.config import from_mapping
+
+    try:
+        cfg = from_mapping({"site_checks": value}, source="f.yaml")
+    except ConfigError as exc:
+        assert str(exc).startswith("f.yaml: site_checks")
+    else:
+        assert all(sc.path.startswith("/") for sc in cfg.site_checks)

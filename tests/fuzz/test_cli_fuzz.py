@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from preflight.core.config import Config, ConfigError, load_file
 from tests import topologies
-from tests.helpers import REPO
+from tests.helpers import PEAK_RSS_LAUNCHER, REPO
 
 PROFILE = os.environ.get("PREFLIGHT_FUZZ_PROFILE", "ci")
 SCALE = {"ci": 1, "thorough": 10, "long": 50}[PROFILE]
@@ -132,24 +132,6 @@ def _clean_env(extra: Mapping[str, str]) -> dict[str, str]:
     return base
 
 
-#: Runs the command as its own child (SIGTERM / SIGINT passed on to it) and writes that child's
-#: peak RSS (bytes) to the file named by its first argument. The peak is measured one process
-#: away from pytest on purpose: a child forked (or vforked) from a big process keeps that
-#: process's high-water mark across exec, so wait4 on a direct child of this pytest, after torch
-#: was loaded by other tests, reads ~500 MiB for any command.
-_LAUNCHER = """
-import os, signal, sys
-pid = os.fork()
-if pid == 0:
-    os.execv(sys.argv[2], sys.argv[2:])
-for sig in (signal.SIGTERM, signal.SIGINT):
-    signal.signal(sig, lambda signum, frame: os.kill(pid, signum))
-_, status, usage = os.wait4(pid, 0)
-with open(sys.argv[1], "w") as f:
-    f.write(str(usage.ru_maxrss * 1024))
-code = os.waitstatus_to_exitcode(status)
-sys.exit(code if code >= 0 else 128 - code)
-"""
 
 
 def _reap(proc: subprocess.Popen[bytes], deadline_s: float) -> int | None:
@@ -167,7 +149,7 @@ def _run(command: str, argv: Sequence[str], env: Mapping[str, str], *,
     started = time.monotonic()
     FIXTURE_DIR.mkdir(exist_ok=True)
     rss_file = FIXTURE_DIR / f"rss-{time.monotonic_ns()}"
-    proc = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(rss_file), *full],
+    proc = subprocess.Popen([sys.executable, "-c", PEAK_RSS_LAUNCHER, str(rss_file), *full],
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, env=_clean_env(env), start_new_session=True)
     assert proc.stdin is not None and proc.stderr is not None
@@ -248,6 +230,25 @@ def test_diff_and_explain_on_hostile_files(a: str, data: bytes) -> None:
     f.write_bytes(data)
     _run("diff", [str(f), a], {})
     _run("explain", ["-", str(f)], {}, stdin=data)
+
+
+@_settings
+@given(data=st.binary(max_size=2000), packing=st.sampled_from(
+    ["gzip", "gzip-cut", "utf-16", "utf-32", "zstd-magic", "pickle-magic", "json-magic"]))
+def test_explain_on_hostile_encoded_and_compressed_files(data: bytes, packing: str) -> None:
+    """The decoded and compressed inputs explain reads (BOMs, gzip, zstd) and the dump sniffing,
+    with hostile contents: the documented exit codes, no traceback."""
+    import gzip
+
+    blob = {"gzip": lambda: gzip.compress(data), "gzip-cut": lambda: gzip.compress(data)[:-5],
+            "utf-16": lambda: b"\xff\xfe" + data, "utf-32": lambda: b"\x00\x00\xfe\xff" + data,
+            "zstd-magic": lambda: b"\x28\xb5\x2f\xfd" + data,
+            "pickle-magic": lambda: b"\x80\x02" + data,
+            "json-magic": lambda: b'{"version": ' + data}[packing]()
+    FIXTURE_DIR.mkdir(exist_ok=True)
+    f = FIXTURE_DIR / "input.log"
+    f.write_bytes(blob)
+    _run("explain", [str(f)], {})
 
 
 @settings(max_examples=150 * SCALE, deadline=None, database=None)

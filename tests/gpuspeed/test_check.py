@@ -108,14 +108,17 @@ def test_a_stalled_worker_fails_and_a_died_one_is_undecided(tmp_path: Path) -> N
                         "Traceback ...\nMemoryError")
     res = gpu_speed.run(ctx_for(tmp_path, run_of([], died)))
     assert res.status is Status.ERROR and res.reason == "WorkerDied"
-    assert res.message.endswith("| MemoryError")
+    assert res.message.endswith(" | last output: MemoryError")
+    assert "preflight bench --gpu --debug" in res.remedy
 
 
 def test_no_engine_skips_with_the_install_line(tmp_path: Path) -> None:
-    missing = SpeedFailure("engine", "ModuleNotFoundError: No module named 'torch'")
+    missing = SpeedFailure("engine", "the GPU speed test needs cuda-bindings and cuda-pathfinder "
+                           "or torch, which /venv/bin/python cannot import")
     res = gpu_speed.run(ctx_for(tmp_path, run_of([], missing)))
     assert res.status is Status.SKIP and res.reason == "EngineMissing"
-    assert "pip install cuda-bindings cuda-pathfinder" in res.remedy
+    assert res.message == f"no GPU speed test: {missing.message}"
+    assert "pip install 'cluster-preflight[gpuspeed]'" in res.remedy and "--python" in res.remedy
 
 
 def test_without_nvml_it_skips(tmp_path: Path) -> None:

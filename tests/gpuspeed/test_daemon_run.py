@@ -54,7 +54,7 @@ def test_the_daemon_shows_the_last_gpu_speed_run_between_node_runs() -> None:
                known_checks=("shm", "allreduce", "gpu_speed"))
     with running(d):
         wait_for(lambda: RunKind.BANDWIDTH in runner.expected and
-                 len(runner.expected) == 2, timeout_s=5, what="a node and a bandwidth run")
+                 len(runner.expected) == 2, timeout_s=30, what="a node and a bandwidth run")
         host, port = d.address
         m = samples(get(f"http://{host}:{port}/metrics").text)
     assert runner.expected[RunKind.BANDWIDTH] == ("allreduce", "gpu_speed")

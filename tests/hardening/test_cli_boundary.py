@@ -3,10 +3,14 @@ one line, helper processes die with their whole group (issue #11 points 2, 6, 7)
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
+import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -56,6 +60,7 @@ def test_internal_error_in_prolog_lets_the_job_run_unless_fail_closed(
 
     monkeypatch.setattr("preflight.commands.prolog.run_checks", broken)
     monkeypatch.setenv("SLURMD_NODENAME", "gpu017")
+    monkeypatch.setenv("PREFLIGHT_MAX_DRAIN_FRACTION", "1")  # no sinfo here: no fleet guard
     assert cli.main(["prolog", "--scontrol", str(fake), "--expect-gpus", "0"]) == 0
     assert not calls.exists()
     err = capsys.readouterr().err
@@ -88,12 +93,38 @@ def test_a_hanging_python_wrapper_dies_with_its_group(tmp_path: Path) -> None:
     only the script and then waited for ever on the pipe the child kept open."""
     marker = f"preflight-test-pywrap-{os.getpid()}-{time.monotonic_ns()}"
     wrapper = tmp_path / "python"
-    wrapper.write_text(f"#!/bin/sh\nsleep 300 {marker} &\nexec sleep 301\n")
+    # The child lives until killed and carries the marker in its argv (python -c takes it as
+    # sys.argv[1]); the wrapper itself then waits as well.
+    wrapper.write_text(f"#!/bin/sh\n{shlex.quote(sys.executable)} -c "
+                       f"'import time; time.sleep(300)' {marker} &\nexec sleep 301\n")
     wrapper.chmod(0o755)
+    seen: list[list[str]] = []
+    stop = threading.Event()
+
+    def watch() -> None:  # the child must really be there while the wrapper hangs
+        while not stop.is_set() and not seen:
+            if found := _marked(marker):
+                seen.append(found)
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     started = time.monotonic()
-    with pytest.raises(PyEnvError, match="did not describe its environment within 1 s") as info:
-        gather_foreign(str(wrapper), ["torch"], timeout_s=1.0)
+    try:
+        with pytest.raises(PyEnvError, match="did not describe its environment within 3 s") \
+                as info:
+            gather_foreign(str(wrapper), ["torch"], timeout_s=3.0)
+    finally:
+        stop.set()
+        watcher.join(5)
     assert info.value.kind == "timeout"
-    assert time.monotonic() - started < 5.0
-    time.sleep(0.2)
-    assert _marked(marker) == []
+    assert time.monotonic() - started < 60  # the wrapper sleeps 301 s; the deadline is 3 s
+    assert seen, "the wrapper's child never ran: the check below could not fail"
+    deadline = time.monotonic() + 10  # SIGKILLed with its group; give the kernel a moment
+    while _marked(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = _marked(marker)
+    for pid in left:  # never leave it behind, even when the test fails
+        with contextlib.suppress(OSError):
+            os.kill(int(pid), signal.SIGKILL)
+    assert left == []

@@ -35,7 +35,12 @@ HOSTILE = {
     "alias-bomb": BOMB.encode(),
     "inf-interval": b"interval_s: .inf\n",
     "1e300-timeout": b"check_timeout_s: 1e300\n",
+    # YAML's own escapes: a value that would clear the terminal of whoever tails the log.
+    "escape-in-value": b'interval_s: "\\e[2J\\a\\nforged"\n',
+    "escape-in-key": b'"bad\\e[2J\\nkey": 1\n',
 }
+#: What must never reach a log line raw: C0 (newline included: it forges a second line), DEL, C1.
+RAW_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def _more_failures(sp: ServeProcess, before: int) -> bool:
@@ -60,7 +65,7 @@ def test_sighup_with_any_hostile_config_keeps_the_old_one(serve: Serve, tmp_path
                  timeout_s=10, what=f"the reload of {name} to fail")
         new = sp.log().splitlines()[lines_before:]
         assert sum("config reload failed" in line for line in new) == 1, (name, new)
-        assert all(len(line) < 700 for line in new), name
+        assert all(len(line) < 700 and not RAW_CONTROL.search(line) for line in new), name
         assert "Traceback" not in sp.log()
         assert sp.metrics()["preflight_config_reload_success"] == 0, name
         assert sp.proc.poll() is None
@@ -86,6 +91,7 @@ def test_starting_with_a_hostile_config_exits_2_with_one_line(tmp_path: Path, na
                           text=True, timeout=30, check=False)
     assert proc.returncode == 2, proc.stderr  # not 1: systemd would restart it for ever
     assert proc.stderr.count("\n") == 1 and "configuration error" in proc.stderr, proc.stderr
+    assert not RAW_CONTROL.search(proc.stderr.rstrip("\n")), proc.stderr
 
 
 class _Canned:

@@ -81,7 +81,7 @@ def test_check_refuses_a_hostile_config_with_one_line(tmp_path: Path, case: str)
     assert lines[0].startswith("preflight: configuration error: ")
     assert words in lines[0]
     assert len(lines[0]) < 600
-    assert took < 15, f"{case} took {took:.1f} s"
+    assert took < 25, f"{case} took {took:.1f} s"  # within run_cli's 30 s: no hang, no bomb
 
 
 def test_environment_numbers_are_bounded() -> None:
@@ -99,7 +99,7 @@ def test_a_fifo_nobody_writes_is_refused_at_once(tmp_path: Path) -> None:
     started = time.monotonic()
     with pytest.raises(BoundedReadError, match="FIFO"):
         read_bounded(fifo)
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 10  # opening it for reading would block for ever
 
 
 def test_a_pipe_on_stdin_that_never_ends_hits_the_deadline() -> None:
@@ -112,7 +112,7 @@ def test_a_pipe_on_stdin_that_never_ends_hits_the_deadline() -> None:
         started = time.monotonic()
         with pytest.raises(BoundedReadError, match=r"no end of file within 0\.3 s"):
             read_bounded("/dev/stdin", timeout_s=0.3)
-        assert time.monotonic() - started < 2.0
+        assert time.monotonic() - started < 10  # the writer never closes
     finally:
         os.dup2(saved, 0)
         for fd in (saved, r, w):
@@ -144,5 +144,6 @@ def test_diff_and_golden_refuse_streams(tmp_path: Path) -> None:
     assert proc.stderr.strip() == f"preflight diff: {fifo}: is a FIFO; expected a regular file"
     proc = run_cli(["check", "--only", "versions", "--expect-gpus", "0", "--golden", "/dev/zero",
                     "--json"], timeout=30)
-    assert proc.returncode == 3  # undecided: the golden file cannot be compared
-    assert "/dev/zero: is a device; expected a regular file" in proc.stdout
+    assert proc.returncode == 2  # the operator's config: refused before any check runs
+    assert "configuration error: golden /dev/zero: /dev/zero: is a device; expected a regular " \
+           "file" in proc.stderr

@@ -34,7 +34,7 @@ from packaging.requirements import Requirement  # pytest's own dependency
 from preflight import __version__
 from preflight.core.result import ExitCode
 from tests.helpers import REPO, write_fixture
-from tests.topologies import lost_gpu
+from tests.topologies import healthy_8x_h100, lost_gpu
 
 H200_SNAPSHOT = REPO / "tests" / "fixtures" / "nvml_h200_vm.json"
 HADOLINT = Path(sys.executable).with_name("hadolint")
@@ -201,10 +201,13 @@ def test_version_user_entrypoint_and_nvidia_variables(image: Image) -> None:
 
 
 @builder
-def test_node_image_has_no_torch(image: Image) -> None:
+def test_node_image_has_no_torch_and_has_journalctl(image: Image) -> None:
     proc = image.run(["python3", "-c", "import importlib.util as u; "
                                        "print(u.find_spec('torch') is None)"])
     assert proc.stdout.strip() == "True", proc.stdout + proc.stderr
+    # the xid check reads the node's journal through it (the chart mounts it under /host)
+    proc = image.run(["journalctl", "--version"])
+    assert proc.returncode == 0 and proc.stdout.startswith("systemd "), proc.stdout + proc.stderr
 
 
 @builder
@@ -270,17 +273,23 @@ def test_full_target_installs_the_engine_the_build_args_choose(image: Image) -> 
     assert config["User"] == "65532:65532" and config["Entrypoint"] == ["preflight"]
 
 
-def test_the_image_pins_every_runtime_dependency_within_its_bounds() -> None:
-    """deploy/image/requirements-node.txt: one exact version per dependency of pyproject.toml
-    (those whose marker holds on the image's python), each inside pyproject's bound."""
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+def exact_pins(path: Path) -> dict[str, str]:
+    """``{name: version}`` of a requirements file in which every line pins one exact version."""
     pins = {}
-    for line in (REPO / "deploy" / "image" / "requirements-node.txt").read_text().splitlines():
+    for line in path.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             req = Requirement(line)
             (spec,) = req.specifier
             assert spec.operator == "==", f"{line}: pin an exact version"
             pins[req.name.lower()] = spec.version
+    return pins
+
+
+def test_the_image_pins_every_runtime_dependency_within_its_bounds() -> None:
+    """deploy/image/requirements-node.txt: one exact version per dependency of pyproject.toml
+    (those whose marker holds on the image's python), each inside pyproject's bound."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pins = exact_pins(REPO / "deploy" / "image" / "requirements-node.txt")
     for dep in map(Requirement, project["dependencies"]):
         if dep.marker is not None and not dep.marker.evaluate({"python_version": "3.11"}):
             continue
@@ -312,12 +321,17 @@ def test_the_charts_daemonset_command_runs_in_the_image(image: Image, tmp_path: 
     shm.mkdir()
     shm.chmod(0o1777)
     mounts = {m["mountPath"] for m in ctr["volumeMounts"]}
-    assert {"/etc/preflight", "/host/sys", "/host/dev/shm"} <= mounts
+    assert {"/etc/preflight", "/host/sys", "/host/dev/shm", "/host/var/log"} <= mounts
+    log = tmp_path / "log"
+    (log / "journal").mkdir(parents=True)  # a node's /var/log whose journal holds no file
+    log.chmod(0o755)
+    (log / "journal").chmod(0o755)
     argv = image.run_argv(["preflight", *args],
                           env={"PREFLIGHT_NVML_FIXTURE": "/fixture.json"},
                           mounts=((H200_SNAPSHOT, "/fixture.json"),
                                   (config, "/etc/preflight/preflight.yaml"),
-                                  (Path("/sys"), "/host/sys"), (shm, "/host/dev/shm:rw")))
+                                  (Path("/sys"), "/host/sys"), (shm, "/host/dev/shm:rw"),
+                                  (log, "/host/var/log")))
     text, report = serve_until_a_run(argv)
     assert 'preflight_check_status{check="shm",status="pass"} 1.0' in text, text
     (shm_result,) = [r for r in report["results"] if r["check"] == "shm"]
@@ -326,3 +340,64 @@ def test_the_charts_daemonset_command_runs_in_the_image(image: Image, tmp_path: 
     assert "preflight_check_interval_seconds 5.0" in text, "the ConfigMap was read"
     assert not list(shm.iterdir()), "the shm probe file was removed"
     assert report["mode"] == "serve"
+    # the xid check asked journalctl in the image for the mounted journal (empty here)
+    (xid,) = [r for r in report["results"] if r["check"] == "xid"]
+    assert "/host/var/log/journal" in json.dumps(xid) or "journalctl -k" in xid["message"], xid
+    assert "not installed" not in xid["message"], xid
+
+
+@builder
+def test_nccl_target_carries_the_torch_free_engine(image: Image, tmp_path: Path) -> None:
+    """The `nccl` target built in the same storage (the base is reused): NCCL and cuBLAS load
+    through cuda-pathfinder from the image's own site-packages, no torch, and the bandwidth
+    checks pick these engines (on this machine without a GPU driver they cannot pass, but
+    they are no longer SKIPped for want of an engine)."""
+    tag = f"localhost/cluster-preflight:nccl-test-{os.getpid()}"
+    proc = run_group(["bash", str(REPO / "scripts" / "image.sh"), str(image.storage), "nccl",
+                      tag], timeout=BUILD_TIMEOUT_S)
+    assert proc.returncode == 0, f"nccl build failed:\n{proc.stdout}\n{proc.stderr}"
+    assert re.search(r"image\.sh: build of target nccl \d+ s", proc.stderr), proc.stderr
+    size = re.search(rf"{re.escape(tag)}\s+([\d.]+) ([MG]B)", proc.stdout)
+    assert size is not None, proc.stdout
+    megabytes = float(size.group(1)) * (1000 if size.group(2) == "GB" else 1)
+    assert megabytes < 1500, "NCCL + cuBLAS wheels and the engine, no torch"
+    ctr = subprocess.run([*image.buildah(), "from", "--quiet", tag], capture_output=True,
+                         text=True, timeout=300, check=True).stdout.strip()
+    nccl = Image(image.storage, tag, ctr, proc.stderr)
+    probe = ("import importlib.util as u, json; import nccl.bindings.nccl as n; "
+             "from cuda.pathfinder import load_nvidia_dynamic_lib as load; "
+             "print(json.dumps({'nccl': n.get_version(), 'torch': u.find_spec('torch') is None, "
+             "'libnccl': load('nccl').abs_path, 'cublas': load('cublas').abs_path}))")
+    run = nccl.run(["python3", "-c", probe])
+    assert run.returncode == 0, run.stdout + run.stderr
+    found = json.loads(run.stdout)
+    assert found["torch"] is True, "no torch in the nccl image"
+    assert found["nccl"] == 22809, "NCCL 2.28.9 of deploy/image/requirements-nccl.txt"
+    assert found["libnccl"].startswith("/opt/preflight/"), found
+    assert found["cublas"].startswith("/opt/preflight/"), found
+    assert nccl.run(["id", "-u"]).stdout.strip() == "65532"
+    assert nccl.run(["preflight", "--version"]).stdout.strip() == f"preflight {__version__}"
+    eight = write_fixture(tmp_path / "eight.json", healthy_8x_h100())
+    eight.chmod(0o644)
+    run = nccl.run(["preflight", "check", "--json", "--only", "allreduce,gpu_speed"],
+                   env={"PREFLIGHT_NVML_FIXTURE": "/fixture.json",
+                        "PREFLIGHT_BENCH_TIMEOUT_S": "30", "PREFLIGHT_GPU_SPEED_TIMEOUT_S": "20"},
+                   mounts=((eight, "/fixture.json"),), timeout=180)
+    results = {r["check"]: r for r in json.loads(run.stdout)["results"]}
+    assert results["allreduce"]["reason"] != "TorchMissing", results["allreduce"]
+    assert results["allreduce"]["status"] != "skip", results["allreduce"]
+    assert results["gpu_speed"]["reason"] != "EngineMissing", results["gpu_speed"]
+    config = nccl.inspect()["OCIv1"]["config"]
+    assert config["User"] == "65532:65532" and config["Entrypoint"] == ["preflight"]
+
+
+def test_the_nccl_image_pins_the_engine_within_its_bounds() -> None:
+    """deploy/image/requirements-nccl.txt: exact versions, inside pyproject's nccl4py and
+    gpuspeed extras."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pins = exact_pins(REPO / "deploy" / "image" / "requirements-nccl.txt")
+    extras = project["optional-dependencies"]
+    for dep in map(Requirement, [*extras["nccl4py"], *extras["gpuspeed"]]):
+        assert dep.name.lower() in pins, f"{dep.name} is not pinned for the nccl image"
+        assert dep.specifier.contains(pins[dep.name.lower()]), (dep, pins[dep.name.lower()])
+    assert "torch" not in pins

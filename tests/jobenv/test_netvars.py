@@ -9,8 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preflight.jobenv.netvars import (
-    IbPort,
-    IfAddr,
     ParseError,
     is_multi_node,
     nccl_flag,
@@ -23,6 +21,8 @@ from preflight.jobenv.netvars import (
     select_ib,
     socket_family,
 )
+from preflight.probes.ib import IbPort
+from preflight.probes.net import IfAddr
 
 V4, V6 = socket.AF_INET, socket.AF_INET6
 

@@ -32,7 +32,20 @@ ALL_ON = {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-promet
           "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
               "nodeSelectorTerms": [{"matchExpressions": [
                   {"key": "nvidia.com/gpu.product", "operator": "Exists"}]}]}}},
-          "podAnnotations": {"example.com/team": "ml-infra"}}
+          "podAnnotations": {"example.com/team": "ml-infra"},
+          "podLabels": {"example.com/cost-centre": "gpu"},
+          "extraArgs": ["--bandwidth-interval", "7200"],
+          "env": [{"name": "PREFLIGHT_LOG_LEVEL", "value": "info"}],
+          "extraVolumes": [{"name": "golden", "configMap": {"name": "golden-fingerprint"}}],
+          "extraVolumeMounts": [{"name": "golden", "mountPath": "/etc/preflight-golden",
+                                 "readOnly": True}],
+          "kernelLog": {"source": "journal", "hostPath": "/run/log", "groups": [4, 101]},
+          "bandwidthTest": {"enabled": True, "gpusPerNode": 4, "memoryBaseMi": 256,
+                            "memoryPerGpuMi": 768},
+          "nodeStatus": {"enabled": True, "failRuns": 2, "passRuns": 4, "taint": True,
+                         "maxMarkedFraction": 0.2, "guardSelector": "example.com/pool=a100",
+                         "heartbeatSeconds": 120},
+          "kubeRbacProxy": {"enabled": True, "tlsSecret": "preflight-proxy-tls"}}
 
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk not installed (test extra)")
 PROMTOOL = shutil.which("promtool")

@@ -28,7 +28,16 @@ def load(path: Path) -> list[dict[str, Any]]:
 
 
 def job(path: Path) -> dict[str, Any]:
-    (found,) = [d for d in load(path) if d["kind"] == "Job"]
+    """The example's Job; for a JobSet, the Job its one replicated job creates."""
+    docs = load(path)
+    sets = [d for d in docs if d["kind"] == "JobSet"]
+    if sets:
+        (jobset,) = sets
+        (replicated,) = jobset["spec"]["replicatedJobs"]
+        return {"apiVersion": "batch/v1", "kind": "Job",
+                "metadata": {"name": f"{jobset['metadata']['name']}-{replicated['name']}-0"},
+                "spec": replicated["template"]["spec"]}
+    (found,) = [d for d in docs if d["kind"] == "Job"]
     return found
 
 
@@ -55,8 +64,18 @@ def test_examples_exist() -> None:
 
 
 @pytest.mark.parametrize("version", EXAMPLE_KUBE_VERSIONS)
-def test_the_example_jobs_are_valid_kubernetes(version: str) -> None:
-    proc = kubernetes_validate(JOBS, version)
+def test_the_example_jobs_are_valid_kubernetes(version: str, tmp_path: Path) -> None:
+    """Every core object strict-valid; the JobSet (a CRD, no schema in kubernetes-validate) by
+    the Job it creates, and its own fields by the gang test below."""
+    files = []
+    for path in JOBS:
+        core = [d for d in load(path) if d["kind"] != "JobSet"]
+        if len(core) != len(load(path)):
+            core.append(job(path))
+        out = tmp_path / path.name
+        out.write_text(yaml.safe_dump_all(core))
+        files.append(out)
+    proc = kubernetes_validate(files, version)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -110,27 +129,38 @@ def test_the_gates_command_passes_a_good_node_and_fails_a_bad_one(path: Path,
     assert action(job(path), "preflight", proc.returncode) == "FailJob"
 
 
-def test_the_gang_finds_pod_zero_through_its_headless_service() -> None:
-    docs = load(EXAMPLES / "gang-job.yaml")
-    (svc,) = [d for d in docs if d["kind"] == "Service"]
+def test_the_gang_is_a_jobset_admitted_whole_by_kueue() -> None:
+    """A JobSet (one Indexed Job, one pod per node) with Kueue's queue label, so that the gang is
+    admitted only when all its pods fit; JobSet's headless Service names pod 0."""
+    (jobset,) = load(EXAMPLES / "gang-job.yaml")
+    assert (jobset["apiVersion"], jobset["kind"]) == ("jobset.x-k8s.io/v1alpha2", "JobSet")
+    assert jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
+    spec = jobset["spec"]
+    assert spec["network"]["enableDNSHostnames"] is True
+    assert spec["network"]["publishNotReadyAddresses"] is True, "init containers run before Ready"
+    (replicated,) = spec["replicatedJobs"]
+    assert replicated["replicas"] == 1
     j = job(EXAMPLES / "gang-job.yaml")
-    spec = j["spec"]
-    assert svc["spec"]["clusterIP"] == "None"
-    assert svc["spec"]["publishNotReadyAddresses"] is True, "init containers run before Ready"
-    assert spec["completionMode"] == "Indexed"
-    assert spec["template"]["spec"]["subdomain"] == svc["metadata"]["name"]
-    assert svc["spec"]["selector"] == {"job-name": j["metadata"]["name"]}
+    assert j["spec"]["completionMode"] == "Indexed"
+    assert "subdomain" not in j["spec"]["template"]["spec"], "JobSet sets it"
     args = init(j, "preflight-cluster")["args"]
     opt = {a: args[i + 1] for i, a in enumerate(args) if a.startswith("--")}
-    # pod 0 of an Indexed Job is <job>-0, reachable as <job>-0.<subdomain>
-    assert opt["--master-addr"] == f"{j['metadata']['name']}-0.{svc['metadata']['name']}"
-    assert int(opt["--nnodes"]) == spec["completions"] == spec["parallelism"]
+    # <jobset>-<replicatedJob>-<job index>-<pod index>.<subdomain = the JobSet's name>
+    assert opt["--master-addr"] == f"{jobset['metadata']['name']}-{replicated['name']}-0-0." \
+                                   f"{jobset['metadata']['name']}"
+    assert int(opt["--nnodes"]) == j["spec"]["completions"] == j["spec"]["parallelism"]
     assert opt["--node-rank"] == "$(NODE_RANK)"
-    assert int(opt["--master-port"]) == svc["spec"]["ports"][0]["port"]
+    (trainer,) = j["spec"]["template"]["spec"]["containers"]
+    assert f"--master-addr={opt['--master-addr']}" in trainer["command"]
+    assert f"--master-port={opt['--master-port']}" in trainer["command"]
     # every pod gets the same cluster verdict: a cluster FAIL is counted, never ignored forever
     assert action(j, "preflight-cluster", ExitCode.FAILED) == "Count"
     assert action(j, "preflight-cluster", ExitCode.UNDECIDED) == "Count"
     assert action(j, "preflight-cluster", ExitCode.USAGE) == "FailJob"
+    # a config error ends the whole JobSet; any other Job failure restarts the gang, bounded
+    (rule,) = spec["failurePolicy"]["rules"]
+    assert (rule["action"], rule["onJobFailureReasons"]) == ("FailJobSet", ["PodFailurePolicy"])
+    assert 0 < spec["failurePolicy"]["maxRestarts"] <= 5
 
 
 @pytest.mark.skipif(importlib.util.find_spec("preflight.commands.cluster") is None,

@@ -14,9 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preflight.core.config import ConfigError
 from preflight.core.result import Report, Result, Scope, Status
-from preflight.outputs.prom import DaemonStats, MetricsSnapshot, render, write_textfile
+from preflight.outputs.prom import (
+    DaemonStats,
+    MetricsSnapshot,
+    TextfileError,
+    render,
+    write_textfile,
+)
 from tests.serve.conftest import REPO, fixture_file, samples
 
 PROMTOOL = shutil.which("promtool")
@@ -58,17 +63,35 @@ def test_status_is_one_hot_and_health_follows_the_worst() -> None:
     assert hot == {**{f'preflight_check_status{{check="shm",status="{s}"}}': 0.0
                       for s in ("pass", "skip", "warn", "error")},
                    'preflight_check_status{check="shm",status="fail"}': 1.0}
-    assert m['preflight_check_result_info{check="shm",reason="ShmTooSmall",status="fail"}'] == 1
+    assert m['preflight_check_result_info{check="shm",reason="ShmTooSmall",scope="node",'
+             'status="fail"}'] == 1
     assert m["preflight_node_healthy"] == 0
     assert m["preflight_shm_size_bytes"] == 64 << 20
     assert m["preflight_shm_free_bytes"] == 60 << 20
     assert m['preflight_check_duration_seconds{check="shm"}'] == 0.25
     assert m["preflight_last_run_timestamp_seconds"] == 1_700_000_000.5
 
+    assert m["preflight_node_undecided"] == 0
+
     warn_only = Report(results=(Result("shm", Status.WARN, "X", "y"),))
     assert scrape(warn_only)["preflight_node_healthy"] == 1
-    error = Report(results=(Result("shm", Status.ERROR, "CheckTimeout", "y"),))
-    assert scrape(error)["preflight_node_healthy"] == 0
+
+
+def test_an_error_is_undecided_not_unhealthy() -> None:
+    """An ERROR (a crashed worker, a deadline, the daemon's own RunFailed) says nothing about the
+    node: healthy stays 1, the undecided gauge says it; a node FAIL next to it still counts."""
+    for reason in ("CheckTimeout", "RunFailed", "WorkerDied"):
+        error = Report(results=(
+            Result("gpu_visible", Status.PASS, "GpusHealthy", "8 GPUs"),
+            Result("shm", Status.ERROR, reason, "could not decide", scope=Scope.UNDECIDED)))
+        m = scrape(error)
+        assert (m["preflight_node_healthy"], m["preflight_node_undecided"]) == (1, 1), reason
+        assert m[f'preflight_check_result_info{{check="shm",reason="{reason}",'
+                 'scope="undecided",status="error"}'] == 1
+    both = Report(results=(*error.results, Result("xid", Status.FAIL, "XidNodeFault", "79")))
+    m = scrape(both)
+    assert (m["preflight_node_healthy"], m["preflight_node_undecided"]) == (0, 1)
+    assert scrape(None)["preflight_node_undecided"] == 0
 
 
 def test_bandwidth_gpu_and_version_figures() -> None:
@@ -86,16 +109,40 @@ def test_bandwidth_gpu_and_version_figures() -> None:
     assert m["preflight_gpu_expected"] == 8
     assert m["preflight_allreduce_bus_bandwidth_bytes_per_second"] == pytest.approx(360.5e9)
     assert m["preflight_allreduce_link_efficiency_ratio"] == 0.8
-    assert m['preflight_package_info{package="torch",version="2.13.0"}'] == 1
-    assert m['preflight_package_info{package="nccl",version="2.28.3"}'] == 1
+    assert m['preflight_package_info{package="torch",source="preflight",version="2.13.0"}'] == 1
+    assert m['preflight_package_info{package="nccl",source="preflight",version="2.28.3"}'] == 1
     assert not any('package="numpy"' in k or 'package="driver"' in k for k in m)
-    assert m[f'preflight_fingerprint_info{{sha256="{"ab" * 32}"}}'] == 1
+    assert m[f'preflight_fingerprint_info{{sha256="{"ab" * 32}",source="preflight"}}'] == 1
 
     # Only Report.bandwidth counts: a skipped test (no Report.bandwidth) shows nothing, whatever
     # its details say.
     skipped = Report(results=(Result("allreduce", Status.SKIP, "GpusBusy", "job running",
                                      details={"busbw_gbps": 1.0}),))
     assert math.isnan(scrape(skipped)["preflight_allreduce_bus_bandwidth_bytes_per_second"])
+
+
+def test_package_source_says_whose_environment_the_versions_describe() -> None:
+    """The driver is the node's; the rest is preflight's own environment (under the DaemonSet,
+    its image) unless another interpreter (the python key: the training one) was fingerprinted.
+    Version skew is judged per source, so the daemon image is never compared with a training
+    environment."""
+    def versions(prefix: str | None) -> dict[str, float]:
+        meta = {"prefix": prefix} if prefix is not None else {}
+        report = Report(results=(), fingerprint={
+            "sha256": "cd" * 32, "driver": "580.1", "python": "3.12.3",
+            "packages": {"torch": "2.13.0"}, "meta": meta})
+        return {k: v for k, v in scrape(report).items() if k.startswith("preflight_package_info")}
+
+    own = versions(sys.prefix)
+    assert own == {'preflight_package_info{package="driver",source="node",version="580.1"}': 1,
+                   'preflight_package_info{package="python",source="preflight",version="3.12.3"}'
+                   : 1,
+                   'preflight_package_info{package="torch",source="preflight",version="2.13.0"}'
+                   : 1}
+    assert versions(None) == own
+    training = versions("/opt/train/venv")
+    assert 'preflight_package_info{package="torch",source="training",version="2.13.0"}' in training
+    assert 'preflight_package_info{package="driver",source="node",version="580.1"}' in training
 
 
 def test_a_job_fault_leaves_the_node_healthy() -> None:
@@ -143,12 +190,13 @@ def test_textfile_is_written_atomically_and_world_readable(tmp_path: Path) -> No
 
 
 def test_textfile_in_a_missing_directory_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"--prom-file .*missing.*cannot create"):
+    with pytest.raises(TextfileError, match=r"missing.*cannot create"):
         write_textfile(Report(results=()), tmp_path / "missing" / "x.prom")
 
 
 def test_check_prom_file_end_to_end(tmp_path: Path) -> None:
-    """``preflight check --prom-file`` writes what node_exporter reads; a bad path exits 2."""
+    """``preflight check --prom-file`` writes what node_exporter reads; a bad path is said on
+    stderr and leaves the verdict's exit code alone."""
     prom = tmp_path / "preflight.prom"
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_")},
            "PYTHONPATH": str(REPO), "PREFLIGHT_NVML_FIXTURE": str(fixture_file(tmp_path))}
@@ -169,7 +217,7 @@ def test_check_prom_file_end_to_end(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "preflight", "check", "--only", "shm",
                           "--prom-file", str(tmp_path / "nope" / "x.prom")],
                          capture_output=True, env=env, timeout=60, check=False)
-    assert bad.returncode == 2
+    assert bad.returncode == run.returncode
     assert b"nope" in bad.stderr
     assert b"Traceback" not in bad.stderr
 

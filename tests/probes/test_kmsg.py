@@ -27,9 +27,8 @@ def test_live_kmsg_reads_the_ring_buffer_from_its_start_and_returns() -> None:
         os.write(fd, f"<6>{marker}\n".encode())
     finally:
         os.close(fd)
-    t0 = time.monotonic()
     log = kmsg.read_kernel_log(Path("/"), deadline_s=5.0)
-    took = time.monotonic() - t0
+    # not truncated: the read ended at EAGAIN, not at its deadline (waiting for more would)
     assert log.form == "kmsg" and log.source == "/dev/kmsg" and not log.truncated
     lines = list(parse_kmsg(log.text))
     texts = [ln.text for ln in lines]
@@ -40,7 +39,6 @@ def test_live_kmsg_reads_the_ring_buffer_from_its_start_and_returns() -> None:
     assert uptimes == sorted(uptimes)
     now = kmsg.uptime_s(Path("/"))
     assert now is not None and uptimes[-1] <= now + 1
-    assert took < 4.0
 
 
 @needs_kmsg
@@ -56,50 +54,45 @@ def test_fixture_file_under_root(tmp_path: Path) -> None:
     assert (log.form, log.text) == ("kmsg", "6,1,1000,-;hello\n")
 
 
-def _fake_journalctl(tmp_path: Path, body: str) -> dict[str, str]:
+def _fake_journalctl(tmp_path: Path, body: str) -> str:
     bindir = tmp_path / "bin"
     bindir.mkdir()
     script = bindir / "journalctl"
     script.write_text("#!/bin/sh\n" + body)
     script.chmod(0o755)
-    return {"PATH": f"{bindir}:{os.environ.get('PATH', '')}"}
+    return str(script)
 
 
-def test_journal_fallback_when_kmsg_is_missing(tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_journal_fallback_when_kmsg_is_missing(tmp_path: Path) -> None:
     args = tmp_path / "args"
-    env = _fake_journalctl(tmp_path, f'echo "$@" > {args}\n'
-                           "echo '[ 3600.000001] node kernel: NVRM: Xid (PCI:0000:3b:00): 48, "
-                           "An uncorrectable double bit error'\n")
-    monkeypatch.setenv("PATH", env["PATH"])
-    log = kmsg.read_kernel_log(tmp_path, deadline_s=5.0)
+    fake = _fake_journalctl(tmp_path, f'echo "$@" > {args}\n'
+                            "echo '[ 3600.000001] node kernel: NVRM: Xid (PCI:0000:3b:00): 48, "
+                            "An uncorrectable double bit error'\n")
+    log = kmsg.read_kernel_log(tmp_path, deadline_s=5.0, journalctl=fake)
     assert log.form == "journal" and log.source == "journalctl -k"
     assert log.tried and "kmsg" in log.tried[0]
     assert f"-D {tmp_path}/var/log/journal" in args.read_text()  # the host's journal under --root
     assert [ln.uptime_s for ln in parse_journal(log.text)] == [3600.000001]
 
 
-def test_empty_journal_is_not_a_clean_log(tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PATH", _fake_journalctl(tmp_path, "exit 0\n")["PATH"])
+def test_empty_journal_is_not_a_clean_log(tmp_path: Path) -> None:
+    fake = _fake_journalctl(tmp_path, "exit 0\n")
     with pytest.raises(kmsg.KernelLogError, match="no kernel message"):
-        kmsg.read_kernel_log(tmp_path, deadline_s=5.0)
+        kmsg.read_kernel_log(tmp_path, deadline_s=5.0, journalctl=fake)
 
 
-def test_hung_journalctl_hits_the_deadline_and_is_named(tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PATH", _fake_journalctl(tmp_path, "exec sleep 30\n")["PATH"])
+def test_hung_journalctl_hits_the_deadline_and_is_named(tmp_path: Path) -> None:
+    fake = _fake_journalctl(tmp_path, "exec sleep 30\n")
     t0 = time.monotonic()
     with pytest.raises(kmsg.KernelLogError, match=r"journalctl .* did not answer within"):
-        kmsg.read_kernel_log(tmp_path, deadline_s=1.0)
-    assert time.monotonic() - t0 < 5
+        kmsg.read_kernel_log(tmp_path, deadline_s=1.0, journalctl=fake)
+    assert time.monotonic() - t0 < 20  # journalctl sleeps 30 s; the deadline is 1 s
 
 
-def test_nothing_readable_names_both_sources(tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PATH", _fake_journalctl(
-        tmp_path, "echo 'Failed to open /x: No such file or directory' >&2; exit 1\n")["PATH"])
+def test_nothing_readable_names_both_sources(tmp_path: Path) -> None:
+    fake = _fake_journalctl(
+        tmp_path, "echo 'Failed to open /x: No such file or directory' >&2; exit 1\n")
     with pytest.raises(kmsg.KernelLogError) as info:
-        kmsg.read_kernel_log(tmp_path, deadline_s=5.0)
+        kmsg.read_kernel_log(tmp_path, deadline_s=5.0, journalctl=fake)
     assert "kmsg: No such file or directory" in str(info.value)
     assert "exited 1: Failed to open /x" in str(info.value)

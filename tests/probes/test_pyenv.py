@@ -152,7 +152,7 @@ def test_hung_interpreter_is_killed(tmp_path: Path) -> None:
     t0 = time.monotonic()
     with pytest.raises(pyenv.PyEnvError, match=r"within 0\.5 s") as err:
         pyenv.gather_foreign(str(exe), WATCHED, timeout_s=0.5)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 30  # the interpreter sleeps 60 s; the deadline is 0.5 s
     assert err.value.kind == "timeout"
     pid = int(pidfile.read_text())
     with pytest.raises(ProcessLookupError):

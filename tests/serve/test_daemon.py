@@ -22,6 +22,7 @@ from preflight.core.result import Report, Result, Status
 from preflight.daemon import ChildRunner, Daemon, RunKind, parse_listen, running, sd_notify
 from preflight.probes.gpu import GpuSnapshot
 from tests import topologies
+from tests.helpers import pid_alive
 from tests.serve.conftest import FAKE_CHILD, REPO, get, samples, wait_for
 
 KNOWN = ("alpha", "beta")
@@ -141,7 +142,7 @@ def test_a_check_that_raises_is_an_error_and_counted(tmp_path: Path) -> None:
         assert m['preflight_check_status{check="beta",status="error"}'] == 1
         assert m['preflight_check_status{check="alpha",status="pass"}'] == 1
         assert m['preflight_check_result_info{check="beta",reason="CheckCrashed",'
-                 'status="error"}'] == 1
+                 'scope="undecided",status="error"}'] == 1
         assert m['preflight_check_errors_total{check="beta"}'] >= 2
         assert m['preflight_check_errors_total{check="alpha"}'] == 0
         beta = Report.from_json(get(url(d, "/report")).json_body()).result("beta")
@@ -157,16 +158,6 @@ def test_a_check_that_hangs_is_an_error_at_its_deadline(tmp_path: Path) -> None:
         assert get(url(d, "/healthz")).status == 200
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is gone for our purpose; /proc says so.
-    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    return state != "Z"
-
-
 def test_a_hanging_run_is_killed_with_its_process_group(tmp_path: Path) -> None:
     d = child_daemon("hang-run", tmp_path, grace_s=1.0, check_timeout_s=0.5, interval_s=5.0)
     with running(d):
@@ -180,7 +171,7 @@ def test_a_hanging_run_is_killed_with_its_process_group(tmp_path: Path) -> None:
         assert {(r.check, r.status, r.reason) for r in report.results} == {
             ("alpha", Status.ERROR, "RunTimeout"), ("beta", Status.ERROR, "RunTimeout")}
         assert "1.5 s deadline" in report.results[0].message
-        wait_for(lambda: not _alive(grandchild), timeout_s=5,
+        wait_for(lambda: not pid_alive(grandchild), timeout_s=5,
                  what="the grandchild to be killed too")
 
 

@@ -39,8 +39,9 @@ def test_catch_up_then_events(tmp_path: Path) -> None:
         assert w.status() == "watching"
     finally:
         t0 = time.monotonic()
-        w.stop(timeout_s=2.0)
-    assert time.monotonic() - t0 < 1.0
+        w.stop(timeout_s=60.0)
+    # stop() returns before its 60 s only when the watcher's thread ended: it did not hang
+    assert time.monotonic() - t0 < 30
     assert source.closed.is_set()
 
 
@@ -57,16 +58,16 @@ def test_no_nvml_still_catches_up_and_says_why(tmp_path: Path) -> None:
 
 
 def test_hung_nvml_never_blocks_the_caller() -> None:
-    w = XidWatcher(FakeXidEvents(open_delay_s=30.0), open_timeout_s=0.2)
+    w = XidWatcher(FakeXidEvents(open_delay_s=60.0), open_timeout_s=0.2)
     w.start()
     t0 = time.monotonic()
     assert w.counts() == {} and not w.watching
-    assert time.monotonic() - t0 < 0.1
+    assert time.monotonic() - t0 < 20  # NVML's open takes 60 s; the caller does not wait for it
     wait_for(lambda: "did not answer within 0.2 s" in w.status(), timeout_s=5,
              what="deadline reported")
     t0 = time.monotonic()
     w.stop(timeout_s=0.2)
-    assert time.monotonic() - t0 < 0.5
+    assert time.monotonic() - t0 < 20  # its own 0.2 s, not the 60 s open
 
 
 def test_daemon_serves_event_counts_over_http(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""A real one-node Slurm on 127.0.0.1 for ``preflight prolog``: munged + slurmctld + slurmd.
+"""A real one-node Slurm on 127.0.0.1 for the preflight hooks: munged + slurmctld + slurmd.
 
 Everything lives in a temporary directory: its own munge key and socket (``AuthInfo=socket=``), its
 own slurm.conf on free ports, state, spool, pid and log files, so the test neither needs nor
@@ -7,9 +7,11 @@ them). The daemons run in the foreground (``-D`` / ``-F``) as children of pytest
 session; teardown stops them, waits for them, and verifies that no process carrying this
 cluster's SLURM_CONF is left and that nothing listens on its ports.
 
-The prolog is a wrapper script (slurmd gives a prolog no PATH, ecosystem.md section 1) that runs
-``python -m preflight prolog`` on the NVML fixture at ``SlurmCluster.nvml_fixture``: a test writes
-the GPU node it wants there before it submits a job.
+The Prolog, Epilog and HealthCheckProgram are wrapper scripts (slurmd gives its hooks no PATH,
+ecosystem.md section 1) that run ``python -m preflight prolog`` / ``epilog`` / ``prolog --resume``
+on the NVML fixture at ``SlurmCluster.nvml_fixture``: a test writes the GPU node it wants there
+before it submits a job. A second node, ``ghost1``, never starts a slurmd: it is the rest of the
+fleet for the fleet guard.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ STOP_TIMEOUT_S = 15.0
 CLIENT_TIMEOUT_S = 20.0
 #: Checks the prolog skips: they look at the job's network, which a prolog does not have yet.
 PROLOG_SKIP = "network,master_port,versions"
+#: Seconds between slurmd's HealthCheckProgram runs (its smallest useful setting).
+HEALTH_CHECK_INTERVAL_S = 2
+#: The node without a slurmd (see write_conf).
+GHOST = "ghost1"
 
 
 def which(name: str) -> str | None:
@@ -138,9 +144,10 @@ class SlurmCluster:
         return {**keep, "SLURM_CONF": str(self.conf)}
 
     def logs(self) -> str:
-        """The daemons' and the prolog's last log lines, for a failing assertion's message;
+        """The daemons' and the hooks' last log lines, for a failing assertion's message;
         ``*.out`` (stderr before a daemon opens its log: fatal config errors) when not empty."""
-        files = [self.root / f"{n}.log" for n in ("slurmctld", "slurmd", "prolog")]
+        files = [self.root / f"{n}.log" for n in ("slurmctld", "slurmd", *HOOKS)]
+        files += [self.root / f"{n}.err" for n in HOOKS]
         files += [f for f in sorted(self.root.glob("*.out"))
                   if f.stat().st_size and not f.name.startswith("job-")]
         return "\n".join(f"--- {f.name} (last lines) ---\n{tail(f)}" for f in files)
@@ -178,13 +185,50 @@ class SlurmCluster:
             value = probe()
         return value
 
-    def prolog_runs(self) -> dict[str, tuple[int, float]]:
-        """``{job id: (prolog exit code, prolog seconds)}`` from the wrapper's log."""
-        runs = {}
-        pattern = r"job (\S+) node \S* exit (\d+) start ([\d.]+) end ([\d.]+)"
-        for job, rc, t0, t1 in re.findall(pattern, tail(self.root / "prolog.log", 1000)):
-            runs[job] = (int(rc), float(t1) - float(t0))
-        return runs
+    def prolog_runs(self, hook: str = "prolog") -> dict[str, tuple[int, float]]:
+        """``{job id: (exit code, seconds)}`` of a hook's runs, from its wrapper's log."""
+        return {job: (rc, took) for job, rc, took in self.hook_runs(hook)}
+
+    def hook_runs(self, hook: str) -> list[tuple[str, int, float]]:
+        """Every run of a hook: (job id, exit code, seconds), oldest first."""
+        pattern = r"job (\S*) node \S* exit (\d+) start ([\d.]+) end ([\d.]+)"
+        return [(job, int(rc), float(t1) - float(t0)) for job, rc, t0, t1 in
+                re.findall(pattern, tail(self.root / f"{hook}.log", 10000))]
+
+    def hook_stderr(self, hook: str) -> str:
+        """Everything the hook wrote to stderr so far (its wrapper keeps a copy)."""
+        path = self.root / f"{hook}.err"
+        return path.read_text() if path.exists() else ""
+
+    def set_hook_args(self, hook: str, *args: str) -> None:
+        """Extra options for the hook's next runs (none: remove them)."""
+        path = self.root / f"{hook}.args"
+        if args:
+            path.write_text("".join(f"{a}\n" for a in args))
+        else:
+            path.unlink(missing_ok=True)
+
+    def set_hooks_env(self, **env: str) -> None:
+        """``PREFLIGHT_*`` settings for every hook's next runs (none: remove them)."""
+        path = self.root / "hooks.env"
+        if env:
+            path.write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()))
+        else:
+            path.unlink(missing_ok=True)
+
+    def health_checks(self, on: bool) -> None:
+        """Let slurmd's periodic HealthCheckProgram run ``preflight prolog --resume`` (or not)."""
+        flag = self.root / "healthcheck.on"
+        if on:
+            flag.touch()
+        else:
+            flag.unlink(missing_ok=True)
+
+    def reasons(self) -> list[str]:
+        """``sinfo -R`` for this node: ``reason|state`` lines (empty: no reason)."""
+        out = self.run("sinfo", "--list-reasons", "--noheader", f"--nodes={self.node}",
+                       "--format=%E|%T")
+        return out.splitlines()
 
     def node_state(self) -> str:
         return self.show_node().get("State", "")
@@ -195,7 +239,7 @@ class SlurmCluster:
                       timeout_s=timeout_s)
 
 
-def write_conf(root: Path, node: str, ports: tuple[int, int], prolog: Path) -> Path:
+def write_conf(root: Path, node: str, ports: tuple[int, int], hooks: dict[str, Path]) -> Path:
     """slurm.conf + cgroup.conf for one node on 127.0.0.1; nothing outside ``root``."""
     conf = root / "slurm.conf"
     lines = [
@@ -226,7 +270,10 @@ def write_conf(root: Path, node: str, ports: tuple[int, int], prolog: Path) -> P
         "SelectTypeParameters=CR_Core",
         "MpiDefault=none",
         "MailProg=/bin/true",
-        f"Prolog={prolog}",
+        f"Prolog={hooks['prolog']}",
+        f"Epilog={hooks['epilog']}",
+        f"HealthCheckProgram={hooks['healthcheck']}",
+        f"HealthCheckInterval={HEALTH_CHECK_INTERVAL_S}",
         # 22.05 waits forever for a prolog by default (ecosystem.md section 1); a hung prolog
         # must drain the node, not hang the test.
         "PrologEpilogTimeout=30",
@@ -237,34 +284,60 @@ def write_conf(root: Path, node: str, ports: tuple[int, int], prolog: Path) -> P
         "MinJobAge=300",
         f"NodeName={node} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} RealMemory=500 "
         "State=UNKNOWN",
+        # A second node that never starts a slurmd, in a partition of its own (no job goes
+        # there): the fleet guard's test drains it "by preflight" to have a fleet to count.
+        f"NodeName={GHOST} NodeAddr=127.0.0.2 CPUs=1 RealMemory=100 State=UNKNOWN",
         f"PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP",
+        f"PartitionName=spare Nodes={GHOST} Default=NO MaxTime=INFINITE State=UP",
     ]
     conf.write_text("\n".join(lines) + "\n")
     (root / "cgroup.conf").write_text("CgroupPlugin=autodetect\nIgnoreSystemd=yes\n")
     return conf
 
 
-def write_prolog(root: Path, fixture: Path) -> Path:
-    """The Prolog: sets the PATH and environment slurmd does not give, then runs preflight."""
+#: Hooks installed in slurm.conf: name -> the preflight subcommand it runs.
+HOOKS = {"prolog": ["prolog", "--skip", PROLOG_SKIP], "epilog": ["epilog"],
+         "healthcheck": ["prolog", "--resume", "--skip", PROLOG_SKIP]}
+
+
+def write_hook(root: Path, name: str, fixture: Path) -> Path:
+    """A hook script as a site writes one: sets the PATH and environment slurmd does not give,
+    then runs preflight. ``<name>.args`` (one argument per line, if present) adds options, so a
+    test can switch ``--report-only`` on; ``<name>.log`` records each run's exit and times and
+    ``<name>.err`` its stderr (which also goes to slurmd, as a site's wrapper would pass it). The
+    health check runs only while ``healthcheck.on`` exists (slurmd starts it every
+    HealthCheckInterval, whatever the test)."""
     scontrol = which("scontrol") or "/usr/bin/scontrol"
+    sinfo = which("sinfo") or "/usr/bin/sinfo"
     conf = root / "slurm.conf"
-    argv = [sys.executable, "-m", "preflight", "prolog", "--scontrol", scontrol,
-            "--skip", PROLOG_SKIP]
-    script = root / "prolog.sh"
-    log = shlex.quote(str(root / "prolog.log"))
+    argv = [sys.executable, "-m", "preflight", *HOOKS[name], "--scontrol", scontrol,
+            "--sinfo", sinfo, "--prom-file", str(root / f"{name}.prom")]
+    q = {k: shlex.quote(str(v)) for k, v in {
+        "log": root / f"{name}.log", "err": root / f"{name}.err", "args": root / f"{name}.args",
+        "out": root / f"{name}.stderr", "on": root / "healthcheck.on",
+        "env": root / "hooks.env"}.items()}
+    gate = f"[ -f {q['on']} ] || exit 0\n" if name == "healthcheck" else ""
+    script = root / f"{name}.sh"
     script.write_text(
         "#!/bin/sh\n"
-        "# slurmd runs the prolog as root with no PATH; it discards stdout and logs stderr\n"
-        "# on failure (\"prolog failed: rc:1 output:...\"). prolog.log records each run.\n"
+        "# slurmd runs its hooks as root with no PATH; it discards stdout and logs stderr\n"
+        "# on failure (\"prolog failed: rc:1 output:...\").\n"
+        f"{gate}"
         "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
         f"export PYTHONPATH={shlex.quote(str(REPO))}\n"
         f"export SLURM_CONF={shlex.quote(str(conf))}\n"
         f"export PREFLIGHT_NVML_FIXTURE={shlex.quote(str(fixture))}\n"
+        f"export PREFLIGHT_STATE_DIR={shlex.quote(str(root / 'preflight-state'))}\n"
+        f"if [ -f {q['env']} ]; then . {q['env']}; fi\n"
+        "set --\n"
+        f"if [ -f {q['args']} ]; then while IFS= read -r a; do set -- \"$@\" \"$a\"; done "
+        f"< {q['args']}; fi\n"
         "start=$(date +%s.%N)\n"
-        f"{shlex.join(argv)}\n"
+        f"{shlex.join(argv)} \"$@\" 2> {q['out']}\n"
         "rc=$?\n"
-        f'echo "job $SLURM_JOB_ID node $SLURMD_NODENAME exit $rc start $start end $(date +%s.%N)"'
-        f" >> {log}\n"
+        f"cat {q['out']} >&2; cat {q['out']} >> {q['err']}\n"
+        f'echo "job $SLURM_JOB_ID node $SLURMD_NODENAME exit $rc start $start end '
+        f'$(date +%s.%N)" >> {q["log"]}\n'
         "exit $rc\n")
     script.chmod(0o755)
     return script
@@ -317,7 +390,7 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     node = socket.gethostname().split(".")[0]
     ports = (free_port(), free_port())
     fixture = root / "nvml.json"
-    conf = write_conf(root, node, ports, write_prolog(root, fixture))
+    conf = write_conf(root, node, ports, {h: write_hook(root, h, fixture) for h in HOOKS})
     cluster = SlurmCluster(root=root, conf=conf, node=node, nvml_fixture=fixture, ports=ports)
     env = cluster.env
     munge_dir = root / "munge"

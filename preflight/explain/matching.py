@@ -1,0 +1,63 @@
+"""Line matching: which rule a log line, a traceback frame or NCCL's ``Last error:`` detail names.
+
+Pure functions over decoded text; the regexes are the rules' (rules.py), searched in the head of
+the line only (``ranks.MAX_MATCH_CHARS``) so a megabyte-long line costs no more than a short one.
+"""
+
+from __future__ import annotations
+
+import re
+
+from preflight.explain.ranks import MAX_MATCH_CHARS
+from preflight.explain.rules import RULES, Frame, Pattern, Rule
+
+#: ``  File "/x/rendezvous.py", line 246, in _env_rendezvous_handler`` (Python's traceback).
+FRAME_LINE = re.compile(r'File "(?P<file>[^"\n]{1,500})", line (?P<no>\d{1,7}), in '
+                        r"(?P<func>[\w<>.]{1,200})")
+#: What NCCL prints after ``Last error:`` on the same line, when it does.
+_LAST_ERROR = re.compile(r"Last error:\s{0,8}(?P<detail>\S[^\n]{0,2000})")
+
+#: Function name -> the rules and frames that recognise it (built once from RULES).
+FRAMES: dict[str, tuple[tuple[Rule, Frame], ...]] = {}
+for _rule in RULES:
+    for _frame in _rule.frames:
+        FRAMES[_frame.function] = (*FRAMES.get(_frame.function, ()), (_rule, _frame))
+
+
+def match_line(text: str) -> tuple[Rule, Pattern, re.Match[str]] | None:
+    """The first rule (in ``RULES`` order, origins first) whose pattern matches ``text``."""
+    head = text[:MAX_MATCH_CHARS]
+    for rule in RULES:
+        for pat in rule.patterns:
+            m = pat.regex.search(head)
+            if m:
+                return rule, pat, m
+    return None
+
+
+def frame_function(text: str) -> str | None:
+    """The function of a traceback frame line when a rule knows it, else None."""
+    if '", line ' not in text:
+        return None
+    m = FRAME_LINE.search(text, 0, MAX_MATCH_CHARS)
+    if m is None or m.group("func") not in FRAMES:
+        return None
+    return m.group("func")
+
+
+def match_frame(function: str, source: str) -> tuple[Rule, Frame, re.Match[str]] | None:
+    """The rule whose frame of ``function`` matches the frame's source line."""
+    head = source[:MAX_MATCH_CHARS]
+    for rule, frame in FRAMES.get(function, ()):
+        m = frame.source.search(head)
+        if m:
+            return rule, frame, m
+    return None
+
+
+def last_error_detail(text: str) -> str | None:
+    """The text NCCL printed after ``Last error:`` on the same line, if any."""
+    if "Last error:" not in text:
+        return None
+    m = _LAST_ERROR.search(text, 0, MAX_MATCH_CHARS)
+    return m.group("detail") if m else None

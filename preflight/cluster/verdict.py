@@ -142,9 +142,9 @@ class Verdict:
             if st >= Status.WARN:
                 add(st, reason, f"the all-reduce over all nodes: {ar['message']}",
                     "See failed_nodes, slow_nodes and localisation for the node(s) to blame "
-                    "(docs/cluster.md)." if st >= Status.ERROR else
+                    "(preflight docs cluster)." if st >= Status.ERROR else
                     "Give the network's floor (--min-busbw) or check the link speeds "
-                    "(docs/cluster.md, 'The expectation from the hardware').")
+                    "(preflight docs cluster, 'The expectation from the hardware').")
         for r, why in sorted(self.failed_nodes.items()):
             add(Status.FAIL, "NodeFailed", f"{self._name(r)} failed (not slow): {why}",
                 "Read the reason: NCCL's own words are quoted; ssh "

@@ -59,7 +59,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="arrival, node checks and parity only")
     p.add_argument("--ddp", action="store_true",
                    help="then the DDP ladder's step 4: the field guide's minimal DDP training "
-                        "over every rank of every node, its proofs across nodes (docs/ddp.md)")
+                        "over every rank of every node, its proofs across nodes (see preflight "
+                        "docs ddp)")
     p.add_argument("--expect-gpus", type=int, metavar="N",
                    help="GPUs each node must show (0 = CPU-only nodes), as in preflight check")
     p.add_argument("--engine", choices=("auto", "torch", "nccl4py"),

@@ -16,21 +16,24 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from preflight import __version__
-from preflight.bench.method import MAX_NPROC
 from preflight.core import aborting
-from preflight.core.config import Config, ConfigError, load
-from preflight.core.context import Context
-from preflight.core.result import ExitCode, Report, exit_code
+from preflight.core.errors import ConfigError
 from preflight.core.textsafe import escape
-from preflight.probes.node import make_context
+
+if TYPE_CHECKING:
+    from preflight.core.context import Context
+    from preflight.core.result import Report
 
 log = logging.getLogger("preflight")
 
 #: Modules that add one subcommand each through ``add_parser(subparsers)``; the parser they add
-#: sets ``func(args) -> int``. Imported when the parser is built, so they must stay light.
+#: sets ``func(args) -> int``. Imported when the parser is built (``--version`` and ``--help``
+#: too), so they must stay light: argparse and this module at the top, everything a command
+#: runs imported inside its ``run`` (an interpreter without bytecode compiles every module it
+#: imports, on every start).
 SUBCOMMAND_MODULES = (
     "preflight.commands.check",
     "preflight.commands.bench",
@@ -67,6 +70,27 @@ class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionH
         return super()._get_help_string(action)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser whose description may be written only when the help is shown
+    (:func:`describe_on_help`): building the parser then imports nothing the help alone needs."""
+
+    describe: Callable[[], str] | None = None
+
+    def format_help(self) -> str:
+        if self.describe is not None:
+            self.description, self.describe = self.describe(), None
+        return super().format_help()
+
+
+def describe_on_help(parser: argparse.ArgumentParser, make: Callable[[], str]) -> None:
+    """``parser``'s description is ``make()``, called when its help is formatted (at once for a
+    parser that is no :class:`Parser`)."""
+    if isinstance(parser, Parser):
+        parser.describe = make
+    else:
+        parser.description = make()
+
+
 def help_text(doc: str | None) -> str:
     """A docstring as ``--help`` text: reST's ``literal`` marks and ``:role:`name``` dropped, so
     a terminal shows the words, not the markup."""
@@ -90,8 +114,12 @@ def count_arg(what: str, most: int, hint: str) -> Callable[[str], int]:
     return parse
 
 
-#: Ranks for argparse (``bench --nproc``, ``cluster --nproc-per-node``).
-nproc_arg = count_arg("ranks", MAX_NPROC, "one rank per GPU; with gloo, a few CPU ranks suffice")
+def nproc_arg(text: str) -> int:
+    """Ranks for argparse (``bench --nproc``, ``cluster --nproc-per-node``): 1..64."""
+    from preflight.bench.method import MAX_NPROC  # (the parser is built without the bench)
+
+    return count_arg("ranks", MAX_NPROC,
+                     "one rank per GPU; with gloo, a few CPU ranks suffice")(text)
 
 
 def size_arg(text: str) -> int:
@@ -131,6 +159,9 @@ def check_root(root: str) -> str:
 
 
 def build_context(args: argparse.Namespace, overrides: dict[str, Any]) -> Context:
+    from preflight.core.config import load
+    from preflight.probes.node import make_context
+
     config = load(path=args.config, env=os.environ, overrides=overrides)
     return make_context(config, root=check_root(args.root))
 
@@ -150,7 +181,7 @@ def _env_log_level(env: Mapping[str, str]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="preflight",
         description="Prove that torchrun + NCCL will work on this node, and at full speed: GPUs, "
                     "CUDA_VISIBLE_DEVICES, launcher variables, /dev/shm, NICs, master port, "
@@ -202,6 +233,8 @@ class PrintableFormatter(logging.Formatter):
 
 
 def report_exit(report: Report, *, strict: bool) -> int:
+    from preflight.core.result import exit_code
+
     return int(exit_code(report.status, strict=strict))
 
 
@@ -212,6 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return _prolog_usage_fail_open(argv, exc)
+    from preflight.core.result import ExitCode  # past the parser: a command runs
+
     if sys.stdout is None:  # started with stdout closed (>&-): fail on the first write, once
         sys.stdout = _ClosedStdout()
     handler = logging.StreamHandler(sys.stderr)
@@ -260,6 +295,8 @@ def _prolog_usage_fail_open(argv: Sequence[str], exc: SystemExit) -> int:
     command = next((a for a in argv if a in commands), None)
     if code == 0 or command not in ("prolog", "epilog"):
         raise exc
+    from preflight.core.result import ExitCode
+
     if "--fail-closed" in argv and "--report-only" not in argv:
         return int(ExitCode.FAILED)
     print(f"preflight {command}: usage error in the {command}'s command line (above); letting "
@@ -268,6 +305,8 @@ def _prolog_usage_fail_open(argv: Sequence[str], exc: SystemExit) -> int:
 
 
 def _undecided(exc: BaseException) -> int:
+    from preflight.core.result import ExitCode
+
     log.debug("traceback of the internal error", exc_info=exc)
     print(f"preflight: internal error, so the node is undecided: {type(exc).__name__}: "
           f"{escape(str(exc), 300)} (run with --log-level debug for the traceback and report it)",
@@ -294,5 +333,5 @@ def _silence_stdout() -> None:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until exit
 
 
-__all__ = ["Config", "add_config_options", "build_context", "emit_report", "main",
-           "report_exit"]
+__all__ = ["Parser", "add_config_options", "build_context", "describe_on_help", "emit_report",
+           "main", "report_exit"]

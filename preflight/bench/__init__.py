@@ -19,7 +19,8 @@ from typing import Any
 
 from preflight.bench import method
 from preflight.bench.gate import blocker
-from preflight.bench.options import BenchOptions, RunRecord
+from preflight.bench.options import BenchOptions
+from preflight.bench.records import RunRecord
 from preflight.bench.verdict import BenchResult, judge
 from preflight.bench.worker import engines, wire
 from preflight.core.context import Context

@@ -1,6 +1,6 @@
 """Why a run of the GPU workers did not complete, and who is to blame (pure functions).
 
-The parent's loop fills each :class:`~preflight.bench.options.WorkerState` (its phase, last
+The parent's loop fills each :class:`~preflight.bench.records.WorkerState` (its phase, last
 heartbeat, exit status, the kernel's state letter) and asks, in this order:
 
 - :func:`broken`: a worker died or raised: the first cause is named (killed workers before those
@@ -22,7 +22,8 @@ from __future__ import annotations
 import signal
 from collections.abc import Mapping, Sequence
 
-from preflight.bench.options import Failure, Limits, WorkerState
+from preflight.bench.options import Limits
+from preflight.bench.records import Failure, WorkerState
 from preflight.bench.worker import wire
 
 #: A worker whose last heartbeat is older than this is frozen (it beats every 0.5 s).

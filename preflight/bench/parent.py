@@ -32,18 +32,9 @@ from collections.abc import Callable
 from typing import Any
 
 from preflight.bench import diagnosis, leftovers, procs, protocol
-from preflight.bench.options import (
-    BenchOptions,
-    Failure,
-    RunOptions,
-    RunRecord,
-    SpeedOptions,
-    SpeedRecord,
-    WorkerState,
-    WorldSpec,
-    progress_order,
-)
+from preflight.bench.options import BenchOptions, RunOptions, SpeedOptions, WorldSpec
 from preflight.bench.prestart import Prestarted
+from preflight.bench.records import Failure, RunRecord, SpeedRecord, WorkerState, progress_order
 from preflight.bench.relay import UID_KEY, UidFetch, publish_uid, uid_missing
 from preflight.bench.worker import wire
 from preflight.core import aborting

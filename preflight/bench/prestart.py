@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from preflight.bench import procs
-from preflight.bench.options import RunOptions, WorkerState
+from preflight.bench.options import RunOptions
+from preflight.bench.records import WorkerState
 from preflight.bench.worker import wire
 from preflight.core import aborting
 

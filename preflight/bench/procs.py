@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from preflight.bench import leftovers
-from preflight.bench.options import BenchOptions, WorkerState
+from preflight.bench.options import BenchOptions
+from preflight.bench.records import WorkerState
 from preflight.core import aborting
 
 #: The worker program (stdlib at import time; see :mod:`preflight.bench.worker`).

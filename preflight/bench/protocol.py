@@ -1,5 +1,5 @@
 """The parent's side of the wire: a worker's progress lines applied to its
-:class:`~preflight.bench.options.WorkerState` (no I/O; :mod:`preflight.bench.worker.wire`
+:class:`~preflight.bench.records.WorkerState` (no I/O; :mod:`preflight.bench.worker.wire`
 defines the events on both sides)."""
 
 from __future__ import annotations
@@ -7,13 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from preflight.bench.options import (
-    DDP_TIMES,
-    PHASE_TIMES,
-    SPEED_TIMES,
-    WorkerState,
-    progress_order,
-)
+from preflight.bench.records import DDP_TIMES, PHASE_TIMES, SPEED_TIMES, WorkerState, progress_order
 from preflight.bench.worker import wire
 from preflight.probes.pyenv import nccl_version_text
 

@@ -15,7 +15,8 @@ import time
 from collections.abc import Sequence
 
 from preflight.bench.diagnosis import names
-from preflight.bench.options import Failure, StoreRelay, WorkerState
+from preflight.bench.options import StoreRelay
+from preflight.bench.records import Failure, WorkerState
 
 #: The store key (under the group's prefix) of the NCCL unique id.
 UID_KEY = "nccl-uid"

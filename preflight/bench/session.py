@@ -21,9 +21,10 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from preflight.bench.options import BenchOptions, RunOptions, RunRecord, SpeedOptions, SpeedRecord
+from preflight.bench.options import BenchOptions, RunOptions, SpeedOptions
 from preflight.bench.parent import WorkerRun, run_workers
 from preflight.bench.prestart import Prestarted, prestart
+from preflight.bench.records import RunRecord, SpeedRecord
 from preflight.core.context import Context
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from preflight.bench import method
 from preflight.bench.nccl_debug import summarize
-from preflight.bench.options import PHASE_TIMES, RunRecord
+from preflight.bench.records import PHASE_TIMES, RunRecord
 from preflight.core.result import Status
 from preflight.core.units import fmt_bytes
 from preflight.probes.gpu import Gpu

@@ -26,7 +26,6 @@ import errno
 import os
 import shlex
 import stat
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,7 +183,7 @@ def run(ctx: Context) -> Result:
     if not path.is_dir():
         return Result(NAME, Status.FAIL, "ShmMissing", f"{path} does not exist or is not a "
                       "directory; NCCL aborts when stat(/dev/shm) fails", REMEDY)
-    probe = path / f".preflight-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    probe = path / f".preflight-{os.getpid()}-{os.urandom(4).hex()}"
     try:
         fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except OSError as exc:

@@ -20,8 +20,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from preflight.bench import visible_gpus
-from preflight.bench.options import BenchOptions, RunRecord, WorldSpec
+from preflight.bench.options import BenchOptions, WorldSpec
 from preflight.bench.parent import run_workers
+from preflight.bench.records import RunRecord
 from preflight.bench.verdict import judge
 from preflight.cluster import wire
 from preflight.core.context import Context

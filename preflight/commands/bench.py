@@ -10,7 +10,6 @@ import argparse
 import sys
 
 from preflight.cli import Formatter, add_config_options, build_context, emit, nproc_arg, size_arg
-from preflight.core.result import ExitCode, exit_code
 from preflight.core.textsafe import escape
 
 
@@ -67,6 +66,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run_gpu(args: argparse.Namespace) -> int:
+    from preflight.core.result import exit_code
     from preflight.gpuspeed import render_table, run_speed
 
     ctx = build_context(args, {"gpu_speed_timeout_s": args.timeout, "python": args.python,
@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         return run_gpu(args)
     from preflight.bench import BenchUsageError, plan, run_bench
     from preflight.bench.verdict import render_table
+    from preflight.core.result import ExitCode, exit_code
 
     ctx = build_context(args, {"min_busbw_gbps": args.min_busbw,
                                "bench_timeout_s": args.timeout, "python": args.python,

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from preflight.checks import CHECKS, GPU_LOAD_CHECKS
-from preflight.checks.site import site_checks
-from preflight.checks.versions import check_targets
-from preflight.cli import Formatter, add_config_options, build_context, emit_report, report_exit
-from preflight.core.check import Check
-from preflight.core.result import ExitCode, Report, Status
-from preflight.core.runner import SelectionError, run_checks, select
+from preflight.cli import (
+    Formatter,
+    add_config_options,
+    build_context,
+    describe_on_help,
+    emit_report,
+    report_exit,
+)
 from preflight.core.textsafe import escape
+
+if TYPE_CHECKING:
+    from preflight.core.check import Check
+    from preflight.core.result import Report
 
 #: node-problem-detector keeps the first 80 characters of a plugin's output (max_output_length).
 SUMMARY_CHARS = 80
@@ -21,6 +27,8 @@ SUMMARY_CHARS = 80
 def summary_line(report: Report, limit: int = SUMMARY_CHARS) -> str:
     """One line of at most ``limit`` characters: the verdict and the checks that made it,
     ``preflight FAIL: gpu_visible GpuLost, shm ShmTooSmall`` (worst first, as they ran)."""
+    from preflight.core.result import Status
+
     status = report.status
     if status in (Status.PASS, Status.SKIP):
         counted = sum(1 for r in report.results if r.status is Status.PASS)
@@ -36,17 +44,23 @@ def _names(text: str) -> list[str]:
     return [n.strip() for n in text.split(",") if n.strip()]
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _description() -> str:
+    from preflight.checks import CHECKS
+
     checks = "\n".join(f"  {c.name:<14} {c.summary}" for c in CHECKS)
+    return ("Run the node-local checks once and print a verdict per check.\n\n"
+            f"checks:\n{checks}\n\nand the site checks the config's site_checks "
+            "adds (preflight docs site-checks); --ddp adds ddp, the field guide's "
+            "minimal DDP run (preflight docs ddp).")
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "check", formatter_class=Formatter,
         help="run the node-local checks once (Slurm prolog, init container, a person)",
-        description="Run the node-local checks once and print a verdict per check.\n\n"
-                    f"checks:\n{checks}\n\nand the site checks the config's site_checks "
-                    "adds (preflight docs site-checks); --ddp adds ddp, the field guide's "
-                    "minimal DDP run (preflight docs ddp).",
         epilog="exit codes: 0 ok or warnings, 1 a check failed, 2 usage/config error, "
                "3 a check errored or timed out")
+    describe_on_help(p, _description)  # the check list is imported for --help only
     form = p.add_mutually_exclusive_group()
     form.add_argument("--json", action="store_true",
                       help="print the JSON report instead of a table")
@@ -101,6 +115,12 @@ def _ddp(wanted: bool) -> tuple[Check, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from preflight.checks import CHECKS, GPU_LOAD_CHECKS
+    from preflight.checks.site import site_checks
+    from preflight.checks.versions import check_targets
+    from preflight.core.result import ExitCode
+    from preflight.core.runner import SelectionError, run_checks, select
+
     ctx = build_context(args, {
         "expect_gpus": args.expect_gpus, "golden": args.golden, "python": args.python,
         "multi_node": args.multi_node, "probe_master": args.probe_master,

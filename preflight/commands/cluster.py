@@ -12,10 +12,12 @@ import argparse
 import logging
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from preflight.cli import Formatter, add_config_options, build_context, emit, nproc_arg, size_arg
-from preflight.core.result import ExitCode
+
+if TYPE_CHECKING:
+    from preflight.core.result import ExitCode
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -89,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
     from preflight.cluster.options import ClusterUsageError, resolve
     from preflight.cluster.store import torch_missing
+    from preflight.core.result import ExitCode
 
     try:
         opts = resolve(nnodes=args.nnodes, node_rank=args.node_rank,
@@ -109,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, opts: Any, ctx: Any) -> int:
     from preflight.bench import visible_gpus
     from preflight.cluster.agent import RunSettings
+    from preflight.core.result import ExitCode
     from preflight.ddp.world import step_deadline_s
 
     _, visible, nvml_error = visible_gpus(ctx)
@@ -162,6 +166,7 @@ def _agent(args: argparse.Namespace, opts: Any, ctx: Any, settings: Any,
     from preflight.cluster.options import ClusterUsageError
     from preflight.cluster.store import MasterLost, hostname, open_store
     from preflight.cluster.verdict import render
+    from preflight.core.result import ExitCode
 
     me = opts.node_rank
     progress("reaching the master")

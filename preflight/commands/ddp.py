@@ -25,7 +25,6 @@ import argparse
 import sys
 
 from preflight.cli import Formatter, add_config_options, build_context, count_arg, emit, help_text
-from preflight.core.result import ExitCode, exit_code
 
 
 def _nproc(text: str) -> int:
@@ -61,6 +60,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    from preflight.core.result import ExitCode, exit_code
     from preflight.ddp import DdpUsageError, plan, render_table
     from preflight.ddp import run as run_plan
 

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 from preflight.cli import Formatter, emit
-from preflight.core.result import ExitCode
 
 #: Where the wheel puts the docs, inside the package.
 PACKAGED = Path(__file__).resolve().parents[1] / "_docs"
@@ -67,6 +66,8 @@ def _normalise(topic: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from preflight.core.result import ExitCode
+
     found = topics()
     if not found:
         print("preflight docs: no documentation is installed with this copy of preflight "

@@ -24,26 +24,19 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from preflight.bench.gate import blocker
-from preflight.checks import CHECKS, GPU_LOAD_CHECKS
 from preflight.cli import Formatter, add_config_options
-from preflight.commands.slurmhook import (
-    HookRun,
-    Leftovers,
-    add_hook_options,
-    describe_leftovers,
-    gpu_leftovers,
-    job_gpus,
-)
-from preflight.core.config import ConfigError
-from preflight.core.context import Context
-from preflight.core.result import Report, Result, Status
-from preflight.core.runner import SelectionError, run_checks, select
+from preflight.commands.hookopts import add_hook_options
 from preflight.core.textsafe import escape
-from preflight.probes.gpu import GpuSnapshot
-from preflight.probes.holders import FileId, Wanted, find_holders
-from preflight.probes.procs import processes_of
+
+# What the epilog runs is imported when it runs: building the parser (every command's, and
+# --help) loads none of it.
+if TYPE_CHECKING:
+    from preflight.commands.slurmhook import HookRun, Leftovers
+    from preflight.core.context import Context
+    from preflight.core.result import Result
+    from preflight.probes.gpu import GpuSnapshot
 
 #: How long the epilog waits for a job's processes to exit and release GPU memory (a killed
 #: rank's CUDA context can take a few seconds to tear down), at most.
@@ -81,10 +74,18 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    from preflight.commands.slurmhook import HookRun
+
     return HookRun("epilog", args).execute(_judge)
 
 
 def _judge(hook: HookRun) -> int:
+    from preflight.bench.gate import blocker
+    from preflight.checks import CHECKS, GPU_LOAD_CHECKS
+    from preflight.core.config import ConfigError
+    from preflight.core.result import Report, Result, Status
+    from preflight.core.runner import SelectionError, run_checks, select
+
     try:
         ctx = hook.context({})
         extra = select(CHECKS, only=GPU_LOAD_CHECKS) if hook.args.bandwidth else ()
@@ -120,6 +121,8 @@ def _judge(hook: HookRun) -> int:
 def _fresh_snapshot(ctx: Context) -> GpuSnapshot:
     """A new GPU snapshot, not the run's cached one: the epilog watches memory being released.
     The Context's probe is the node's, within its deadlines."""
+    from preflight.probes.gpu import GpuSnapshot
+
     if ctx.gpu_probe is None:
         return GpuSnapshot(available=False, error="no GPU probe")
     return ctx.gpu_probe.snapshot()
@@ -133,6 +136,8 @@ def _wait_released(ctx: Context, hook: HookRun, *,
                    job_id: str | None) -> tuple[Leftovers, str | None]:
     """Leftovers once they are gone or the grace has passed (within the budget); the second
     item is why NVML could not tell (then there are no leftovers to report)."""
+    from preflight.commands.slurmhook import Leftovers, gpu_leftovers, job_gpus
+
     gpus = job_gpus(hook.env)
     proc = ctx.host_path("/proc")
     limit = ctx.config.epilog_idle_memory_max_bytes
@@ -148,6 +153,9 @@ def _wait_released(ctx: Context, hook: HookRun, *,
 
 
 def _processes_result(left: Leftovers, error: str | None) -> Result:
+    from preflight.commands.slurmhook import Leftovers, describe_leftovers
+    from preflight.core.result import Result, Status
+
     if error is not None:
         return Result("gpu_processes", Status.SKIP, "NvmlUnavailable",
                       f"cannot see the GPUs' processes: {error}")
@@ -167,6 +175,9 @@ def _processes_result(left: Leftovers, error: str | None) -> Result:
 
 
 def _memory_result(left: Leftovers, ctx: Context, error: str | None) -> Result:
+    from preflight.commands.slurmhook import Leftovers, describe_leftovers
+    from preflight.core.result import Result, Status
+
     if error is not None:
         return Result("gpu_memory", Status.SKIP, "NvmlUnavailable",
                       f"cannot see the GPUs' memory: {error}")
@@ -196,6 +207,8 @@ class ShmCleanup:
     dry_run: bool = False
 
     def result(self) -> Result:
+        from preflight.core.result import Result, Status
+
         details = {"path": self.path, "removed": self.removed[:100], "held": self.held}
         if self.skipped:
             return Result("shm_files", Status.SKIP, "ShmNotCleaned", self.skipped,
@@ -227,6 +240,9 @@ def clean_shm(shm: Path, uid: int | None, *, proc: Path, stop_at: float,
     process could not be inspected or the scan did not end by ``stop_at`` (monotonic), which
     also ends the clean-up. ``dry_run``: list what would go, remove nothing
     (``--report-only``)."""
+    from preflight.probes.holders import FileId, Wanted, find_holders
+    from preflight.probes.procs import processes_of
+
     out = ShmCleanup(str(shm), uid, dry_run=dry_run)
     if uid is None:
         out.skipped = "no SLURM_JOB_UID: the job's user is unknown, nothing removed"

@@ -13,7 +13,6 @@ import stat
 import sys
 
 from preflight.cli import Formatter
-from preflight.core.result import ExitCode
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -65,6 +64,7 @@ def _not_a_log(name: str) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from preflight.core.result import ExitCode
     from preflight.explain.output import render_text, to_json
     from preflight.explain.sources import expand, explain_streams, open_paths
 

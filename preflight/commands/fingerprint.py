@@ -14,7 +14,6 @@ import sys
 from typing import Any
 
 from preflight.cli import Formatter, add_config_options, build_context
-from preflight.core.result import ExitCode
 from preflight.core.textsafe import escape
 
 
@@ -64,6 +63,7 @@ def _human(fp: dict[str, Any]) -> str:
 
 def run_fingerprint(args: argparse.Namespace) -> int:
     from preflight.checks.versions import fingerprint_of
+    from preflight.core.result import ExitCode
     from preflight.probes.pyenv import PyEnvError
 
     ctx = build_context(args, {"python": args.python})
@@ -81,6 +81,7 @@ def run_fingerprint(args: argparse.Namespace) -> int:
 
 
 def run_diff(args: argparse.Namespace) -> int:
+    from preflight.core.result import ExitCode
     from preflight.probes.fingerprint import FingerprintError, diff, load
 
     try:

@@ -14,7 +14,6 @@ import os
 import sys
 
 from preflight.cli import Formatter
-from preflight.core.result import ExitCode
 from preflight.core.textsafe import escape
 
 EPILOG = """\
@@ -70,6 +69,7 @@ def _positive_int(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from preflight.core.result import ExitCode
     from preflight.lint import DEFAULT_EXCLUDE, DEFAULT_MAX_BYTES, lint_paths
     from preflight.lint.jobs import usable_cpus
     from preflight.lint.output import render_skipped, render_text, to_json, to_sarif

@@ -25,14 +25,13 @@ verdict (``NvmlNotAnswering``), and a watchdog ends the process at the budget wh
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from preflight.checks import CHECKS, GPU_LOAD_CHECKS
-from preflight.checks.site import site_checks
-from preflight.checks.versions import check_targets
 from preflight.cli import Formatter, add_config_options
-from preflight.commands.slurmhook import HookRun, add_hook_options, names
-from preflight.core.config import ConfigError
-from preflight.core.runner import SelectionError, run_checks, select
+from preflight.commands.hookopts import add_hook_options
+
+if TYPE_CHECKING:
+    from preflight.commands.slurmhook import HookRun
 
 DESCRIPTION = """\
 Run the node checks as a Slurm Prolog (or HealthCheckProgram) and act on the verdict:
@@ -86,10 +85,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    from preflight.commands.slurmhook import HookRun
+
     return HookRun("prolog", args).execute(_judge)
 
 
 def _judge(hook: HookRun) -> int:
+    from preflight.checks import CHECKS, GPU_LOAD_CHECKS
+    from preflight.checks.site import site_checks
+    from preflight.checks.versions import check_targets
+    from preflight.commands.slurmhook import names
+    from preflight.core.config import ConfigError
+    from preflight.core.runner import SelectionError, run_checks, select
+
     args = hook.args
     try:
         ctx = hook.context({"expect_gpus": args.expect_gpus, "golden": args.golden,

@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from preflight.cli import Formatter, add_config_options
-from preflight.core.config import Config, load
-from preflight.core.result import ExitCode
 from preflight.core.textsafe import escape
+
+if TYPE_CHECKING:
+    from preflight.core.config import Config
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -41,6 +43,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    from preflight.core.config import load
+    from preflight.core.result import ExitCode
     from preflight.daemon import Daemon, DaemonError
     from preflight.probes.xid_events import node_watcher
 

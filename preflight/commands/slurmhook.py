@@ -61,27 +61,6 @@ MIN_CHECKS_S = 0.5
 LEFTOVER_CHECKS = ("gpu_processes", "gpu_memory")
 
 
-def add_hook_options(p: argparse.ArgumentParser) -> None:
-    """Options every Slurm hook has."""
-    p.add_argument("--report-only", action="store_true",
-                   help="run and report everything (stderr, --prom-file), drain and resume "
-                        "nothing, exit 0: the first step of a rollout")
-    p.add_argument("--fail-closed", action="store_true",
-                   help="drain and exit 1 also when preflight could not decide or its config is "
-                        "bad (default: log and let the job run)")
-    p.add_argument("--prom-file", metavar="PATH",
-                   help="also write the verdict and what the hook did as node_exporter textfile "
-                        "metrics (preflight_slurm_*; never changes the exit code)")
-    p.add_argument("--node", metavar="NAME",
-                   help="the Slurm node name (default: SLURMD_NODENAME, else the short host "
-                        "name)")
-    p.add_argument("--scontrol", default=None, metavar="PATH",
-                   help="scontrol to call (default: /usr/bin/scontrol, /usr/local/bin/scontrol)")
-    p.add_argument("--sinfo", default=None, metavar="PATH",
-                   help="sinfo for the fleet guard's count (default: /usr/bin/sinfo, "
-                        "/usr/local/bin/sinfo)")
-
-
 def drain_reason(report: Report, *, undecided: bool = False) -> str:
     """``preflight: gpu_visible GpuLost, shm ShmTooSmall`` from the node's faults (or, with
     ``undecided``, from the checks that could not decide)."""
@@ -140,7 +119,8 @@ class HookRun:
 
     Args:
         hook: ``prolog`` or ``epilog`` (log prefix, metric label, state).
-        args: the parsed command line (``add_hook_options`` and ``add_config_options``).
+        args: the parsed command line (:func:`~preflight.commands.hookopts.add_hook_options`
+            and ``add_config_options``).
         env: the environment (``SLURMD_NODENAME``, the job's variables).
     """
 
@@ -438,5 +418,5 @@ def names(text: str) -> list[str]:
     return [n for n in text.split(",") if n]
 
 
-__all__ = ["LEFTOVER_CHECKS", "HookRun", "Leftovers", "add_hook_options", "describe_leftovers",
+__all__ = ["LEFTOVER_CHECKS", "HookRun", "Leftovers", "describe_leftovers",
            "drain_reason", "gpu_leftovers", "job_gpus", "names"]

@@ -13,18 +13,11 @@ import re
 import shutil
 import sys
 
-from preflight.checks import CHECKS
-from preflight.checks.xid import NAME as XID
 from preflight.cli import Formatter, add_config_options, build_context, emit_report, report_exit
-from preflight.core import xidacks
-from preflight.core.config import ConfigError
-from preflight.core.procgroup import HelperFailed, run_checked
-from preflight.core.runner import run_checks, select
-from preflight.core.state import StateError
+from preflight.core.errors import ConfigError
 from preflight.core.textsafe import escape
-from preflight.probes.kernlog import gpu_key
-from preflight.probes.kmsg import uptime_s
-from preflight.probes.pci import normalize_bus_id
+
+# What the command runs is imported when it runs: building the parser loads none of it.
 
 #: Deadline of ``nvidia-smi --gpu-reset``, seconds (a reset takes seconds; NVIDIA: 5-10 s).
 RESET_TIMEOUT_S = 60.0
@@ -70,6 +63,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def parse_gpu(text: str) -> str:
     """``--gpu`` as the ``dddd:bb:dd`` key of Xid lines; ConfigError when not a PCI address."""
+    from preflight.probes.kernlog import gpu_key
+    from preflight.probes.pci import normalize_bus_id
+
     raw = text.strip()
     full = normalize_bus_id(raw if "." in raw else raw + ".0")
     if not _FULL_BUS_ID.match(full):
@@ -79,6 +75,13 @@ def parse_gpu(text: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from preflight.checks import CHECKS
+    from preflight.checks.xid import NAME as XID
+    from preflight.core import xidacks
+    from preflight.core.runner import run_checks, select
+    from preflight.core.state import StateError
+    from preflight.probes.kmsg import uptime_s
+
     ctx = build_context(args, {})
     gpu = parse_gpu(args.gpu) if args.gpu else None
     if args.reset and gpu is None:
@@ -104,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _reset(nvidia_smi: str, gpu: str | None) -> None:
+    from preflight.core.procgroup import HelperFailed, run_checked
+
     argv = [nvidia_smi, "--gpu-reset", "-i", f"{gpu}.0"]
     try:
         run_checked(argv, timeout_s=RESET_TIMEOUT_S)

@@ -18,14 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
-import yaml
-
 from preflight.core.boundedio import read_bounded
+from preflight.core.errors import ConfigError
 from preflight.core.textsafe import escape
 
 GiB = 1 << 30
@@ -37,10 +31,6 @@ DEFAULT_WATCHED_PACKAGES = (
     "torch", "numpy", "scikit-learn", "transformers", "accelerate", "deepspeed", "triton",
     "nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-cudnn-cu12", "nvidia-cudnn-cu13",
 )
-
-
-class ConfigError(ValueError):
-    """A configuration value is unknown, of the wrong type, or out of range."""
 
 
 @dataclass(frozen=True)
@@ -473,50 +463,6 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base: Config | None = 
 MAX_DEPTH = 16
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader without aliases (no billion laughs), without duplicate keys (the second would
-    silently win), and with bounded nesting (no RecursionError)."""
-
-    _depth = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()  # type: ignore[no-untyped-call]
-            raise yaml.composer.ComposerError(
-                None, None, "aliases (*name) are not allowed in a preflight config",
-                event.start_mark)
-        self._depth += 1
-        try:
-            if self._depth > MAX_DEPTH:
-                raise yaml.composer.ComposerError(
-                    None, None, f"nested deeper than {MAX_DEPTH} levels",
-                    self.peek_event().start_mark)  # type: ignore[no-untyped-call]
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-    def construct_yaml_int(self, node: Any) -> Any:
-        text = str(node.value)
-        if len(text) > _MAX_NUMBER_CHARS:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"a number of {len(text)} characters (at most {_MAX_NUMBER_CHARS})",
-                node.start_mark)
-        return super().construct_yaml_int(node)
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else id(key_node)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {shown(key)}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
-
-
 def _depth(value: Any, limit: int) -> bool:
     """True when ``value`` nests no deeper than ``limit`` (iterative: no recursion)."""
     stack = [(value, 1)]
@@ -550,12 +496,22 @@ def load_file(path: str | Path, *, base: Config | None = None) -> Config:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start}); write the config in "
                           "UTF-8") from None
+    # Each parser is loaded only for its own kind of file.
+    parse: Callable[[str], Any]
+    invalid: type[Exception]
+    if kind == "TOML":
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:  # pragma: no cover
+            import tomli as tomllib
+        parse, invalid = tomllib.loads, tomllib.TOMLDecodeError
+    else:
+        from preflight.core import configyaml
+
+        parse, invalid = configyaml.parse, configyaml.YAMLError
     try:
-        if kind == "TOML":
-            data: Any = tomllib.loads(text)
-        else:
-            data = yaml.load(text, Loader=_StrictLoader)
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        data: Any = parse(text)
+    except invalid as exc:
         first = " ".join(str(exc).split())
         raise ConfigError(f"{p}: not valid {kind}: {cut(first)}") from None
     except (RecursionError, ValueError, OverflowError, MemoryError) as exc:

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from preflight.bench.gate import blocker
-from preflight.bench.options import DdpOptions, DdpStep, Failure, RunOptions, WorkerState
+from preflight.bench.options import DdpOptions, DdpStep, RunOptions
 from preflight.bench.procs import proc_state
+from preflight.bench.records import Failure, WorkerState
 from preflight.bench.worker import engines, wire
 from preflight.core.context import Context, activity
 from preflight.core.result import Scope, Status

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from preflight.bench.options import SpeedOptions, SpeedRecord
+    from preflight.bench.options import SpeedOptions
+    from preflight.bench.records import SpeedRecord
 
 FIXTURE_ENV = "PREFLIGHT_GPU_SPEED_FIXTURE"
 

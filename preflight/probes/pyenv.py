@@ -23,8 +23,6 @@ its JSON output read back, so one piece of code describes both this interpreter 
 from __future__ import annotations
 
 import ast
-import ctypes
-import ctypes.util
 import importlib.util
 import json
 import os
@@ -135,6 +133,8 @@ def _nccl_get_version(library: str) -> int | None:
     ``ncclGetVersion`` only returns a compile-time constant: it starts no CUDA context and
     touches no GPU, so loading the library here is harmless.
     """
+    import ctypes  # (only here: most runs find the version without loading the library)
+
     try:
         lib = ctypes.CDLL(library)
         fn = lib.ncclGetVersion

@@ -21,17 +21,10 @@ from hypothesis import strategies as hst
 
 from preflight.bench import BenchUsageError, plan
 from preflight.bench.diagnosis import FROZEN_SILENT_S, STOPPED_CONFIRM_S, frozen, late
-from preflight.bench.options import (
-    BenchOptions,
-    Deadlines,
-    Limits,
-    RunOptions,
-    RunRecord,
-    WorkerState,
-    progress_order,
-)
+from preflight.bench.options import BenchOptions, Deadlines, Limits, RunOptions
 from preflight.bench.parent import run_workers
 from preflight.bench.procs import proc_state, stat_state
+from preflight.bench.records import RunRecord, WorkerState, progress_order
 from preflight.bench.verdict import judge
 from preflight.bench.worker import engines
 from preflight.core.result import Status

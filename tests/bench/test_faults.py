@@ -13,8 +13,9 @@ from collections.abc import Callable
 import psutil
 import pytest
 
-from preflight.bench.options import BenchOptions, Deadlines, RunRecord
+from preflight.bench.options import BenchOptions, Deadlines
 from preflight.bench.parent import run_workers
+from preflight.bench.records import RunRecord
 from preflight.bench.verdict import judge
 from preflight.core.result import Status
 from tests.bench.workers import rank as worker_of_rank

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from preflight.bench import method
-from preflight.bench.options import BenchOptions, RunRecord, WorkerState
+from preflight.bench.options import BenchOptions
+from preflight.bench.records import RunRecord, WorkerState
 from preflight.bench.verdict import judge
 from preflight.probes.nvml import (
     FI_NVLINK_GET_SPEED,

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from preflight.bench import plan
-from preflight.bench.options import WorkerState
 from preflight.bench.procs import ENGINES_SCRIPT, WORKER_SCRIPT, interpreter_facts
 from preflight.bench.protocol import apply
+from preflight.bench.records import WorkerState
 from preflight.bench.worker import allreduce, cudadrv, wire
 from tests.conftest import MakeCtx
 from tests.venvs import MakeVenv, site_packages

@@ -5,16 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from preflight.bench.diagnosis import late
-from preflight.bench.options import (
-    BenchOptions,
-    Deadlines,
-    Failure,
-    RunOptions,
-    RunRecord,
-    WorkerState,
-    WorldSpec,
-    progress_order,
-)
+from preflight.bench.options import BenchOptions, Deadlines, RunOptions, WorldSpec
+from preflight.bench.records import Failure, RunRecord, WorkerState, progress_order
 from preflight.bench.verdict import judge, render_table
 from preflight.core.result import Status
 from tests import topologies

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preflight.bench.options import BenchOptions, RunRecord, WorkerState
+from preflight.bench.options import BenchOptions
+from preflight.bench.records import RunRecord, WorkerState
 from preflight.cluster import localise, parity, wire
 from preflight.cluster.facts import link_of
 from preflight.cluster.groups import judge_across, merge, record_warnings

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from preflight.bench.options import DdpStep, Failure, WorkerState
+from preflight.bench.options import DdpStep
+from preflight.bench.records import Failure, WorkerState
 from preflight.bench.worker import wire
 from preflight.core.result import Scope, Status
 from preflight.ddp import DdpUsageError, plan, run

@@ -9,7 +9,8 @@
 #  B. node 1 with NCCL_SOCKET_IFNAME=nosuch0 ("no socket interface found" in NCCL's words);
 #  C. (2 GPUs) three one-GPU agents, node 2 sharing GPU 1 with node 1: the world run fails,
 #     the pairs round runs by default, and the verdict names what it can prove.
-# Everything goes into ONE tar, $OUT/cluster_failures.tar.gz (failures.log + JSON). Under 3 min.
+# Everything goes into ONE tar, $OUT/cluster_failures.tar.gz (failures.log + JSON). About 60 s
+# on one GPU (A and B), under 2 min with C.
 set -u
 FINAL=${OUT:-/tmp/out}; mkdir -p "$FINAL"
 OUT=$(mktemp -d /tmp/cluster_failures.XXXXXX); LOG=$OUT/failures.log
@@ -65,7 +66,7 @@ if [ "$GPUS" -ge 2 ]; then
 fi
 
 sec "nothing left"
-run pgrep -fa "preflight cluster|bench/worker.py"
+run pgrep -fa "preflight cluster|bench/worker/start.py"
 run nvidia-smi --query-compute-apps=pid,used_memory --format=csv
 echo "total $(( $(date +%s) - T0 )) s" >>"$LOG"
 tar -czf "$FINAL/cluster_failures.tar.gz" -C "$OUT" . && rm -rf "$OUT"

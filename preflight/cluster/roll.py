@@ -20,11 +20,16 @@ from preflight.cluster.store import Rendezvous
 
 
 def first_present(store: Rendezvous, keys: Iterable[str]) -> list[str]:
-    """The keys of ``keys`` that are set: one request when all are, else one per key."""
+    """The keys of ``keys`` that are set: one request when all are; else each half is asked in
+    turn, so m keys missing of n cost about 2m log2(n/m) requests, not n (at 1,000 nodes, a poll
+    while hundreds of writers are between their count and their pointer)."""
     want = list(keys)
     if not want or store.has(*want):
         return want
-    return [k for k in want if store.has(k)]
+    if len(want) == 1:
+        return []
+    half = len(want) // 2
+    return first_present(store, want[:half]) + first_present(store, want[half:])
 
 
 def write(store: Rendezvous, log: str, rank: int, nonce: str, value: Any, *,

@@ -20,7 +20,7 @@ from preflight.cluster.facts import link_of
 from preflight.cluster.groups import judge_across, merge, record_warnings
 from preflight.cluster.localise import Localiser, Outcome
 from preflight.cluster.options import ClusterUsageError, first_host, resolve
-from preflight.cluster.roll import Entry, Roll
+from preflight.cluster.roll import Entry, Roll, first_present
 from preflight.cluster.verdict import Verdict, render
 from preflight.probes.ib import IbPort, IbSnapshot
 from preflight.probes.net import NetIf, make_snapshot, parse_speed
@@ -200,6 +200,29 @@ def test_roll_names_the_node_of_each_bad_value_and_refuses_strays() -> None:
                           "node 3 (node3, pid 1003) has --timeout 9"]
     assert roll.acks["02" * 8]["refused"].startswith("node 2 (node2, pid 1002) has --nnodes 8")
     assert not roll.accepted
+
+
+class _Keys:
+    """The one store call first_present makes: whether every key named is set."""
+
+    def __init__(self, present: set[str]) -> None:
+        self.present, self.requests = present, 0
+
+    def has(self, *keys: str) -> bool:
+        self.requests += 1
+        return set(keys) <= self.present
+
+
+@given(st.integers(1, 1024), st.sets(st.integers(0, 1023), max_size=8))
+def test_the_keys_set_are_found_in_few_requests_when_a_few_are_missing(
+        n: int, missing: set[int]) -> None:
+    keys = [f"log/{i}" for i in range(n)]
+    store = _Keys({k for i, k in enumerate(keys) if i not in missing})
+    got = first_present(store, keys)  # type: ignore[arg-type]
+    assert got == [k for i, k in enumerate(keys) if i not in missing]
+    gone = len(missing & set(range(n)))
+    # One request when none is missing; else about 2 per missing key per halving, never ~n.
+    assert store.requests <= 1 + 2 * gone * max(1, n.bit_length())
 
 
 def test_a_restart_on_the_same_host_replaces_its_earlier_self() -> None:

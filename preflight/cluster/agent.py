@@ -107,6 +107,8 @@ class Agent:
         self.store = base
         self.k = 0
         self.peer_ops: dict[int, int] = {}
+        #: wake key -> the pause before node 0 looks again at a log already marked complete
+        self._pauses: dict[str, float] = {}
 
     def run(self) -> dict[str, Any]:
         return self.lead() if self.opts.node_rank == 0 else self.follow()
@@ -261,9 +263,15 @@ class Agent:
             self.roll.flush_acks(self.store)
 
     def _look(self, wake: str, deadline: float) -> None:
+        """Wait until ``wake`` is set (a log's last writer sets it) or LOOK_S passes. Once it is
+        set while entries are still missing (an earlier writer between its count and its
+        pointer), look again after a pause that doubles each time, up to LOOK_S: not 20 polls a
+        second while that writer waits for a CPU."""
         left = deadline - time.monotonic()
         if left > 0 and self.store.wait_slice(wake, min(LOOK_S, left)):
-            time.sleep(min(0.05, max(0.0, left)))  # complete once: look, do not spin
+            pause = self._pauses.get(wake, 0.05)
+            self._pauses[wake] = min(LOOK_S, 2 * pause)
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
 
     def _step(self, step: dict[str, Any], nodes: list[int], *, kind: str,
               check: Callable[[Any], dict[str, Any]], mine: Callable[[], dict[str, Any]],

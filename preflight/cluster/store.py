@@ -46,6 +46,8 @@ BIND_RETRY_S = 10.0
 RETRY_PAUSE_S = 0.5
 #: How far past its own timeout a TCPStore client may still be retrying a refused connection.
 OVERSHOOT_S = 5.0
+#: How far past the deadline the last connection attempt is waited for.
+LAST_TRY_GRACE_S = 0.5
 #: Whether a store call was given up on its deadline: its thread is stuck in the C++ library,
 #: and when it returns during the interpreter's shutdown it aborts the process (SIGABRT). The
 #: command then ends with os._exit (see :func:`abandoned_threads`).
@@ -190,12 +192,15 @@ def connect(opts: ClusterOptions, *, hosting: bool, until: float) -> Any:
         caller = Caller(f"connect-{master}")
         try:
             # TCPStore overshoots its own timeout by a few seconds while it retries a refused
-            # connection: wait that long before giving the thread up.
-            return caller.call(make, try_s + OVERSHOOT_S, f"the master {master}")
+            # connection: wait that long before giving the thread up, except on the last try,
+            # which ends at the deadline.
+            wait_s = try_s + OVERSHOOT_S if try_s < left else left + LAST_TRY_GRACE_S
+            return caller.call(make, wait_s, f"the master {master}")
         except TimeoutError:
-            # TCPStore's own timeout does not cover its handshake: the thread is abandoned
-            # (Caller.call marked it).
-            last = "it accepted the connection but never answered the store's handshake"
+            # TCPStore's own timeout does not cover its handshake, and it retries a refused
+            # connection past it: the thread is abandoned (Caller.call marked it). What the
+            # port does, asked once more, says which it was.
+            last = why_silent(opts.master_addr, opts.master_port)
         except Exception as exc:  # torch raises DistNetworkError / RuntimeError subclasses
             last = " ".join(str(exc).split())[:300]
             left = until - time.monotonic()
@@ -210,6 +215,21 @@ def connect(opts: ClusterOptions, *, hosting: bool, until: float) -> Any:
         time.sleep(min(RETRY_PAUSE_S, max(0.0, until - time.monotonic())))
     raise MasterLost(f"the master {master} did not answer within {opts.timeout_s:g} s ({last}); "
                      "is node 0's agent running, and the port open between the nodes?")
+
+
+def why_silent(host: str, port: int, timeout_s: float = 2.0) -> str:
+    """Why a TCPStore connect to ``host:port`` did not return: what one plain TCP connect to
+    it meets (refused, no answer to the SYN, or accepted)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return "it accepted the connection but never answered the store's handshake"
+    except ConnectionRefusedError:
+        return "nothing listens on that port: connection refused"
+    except TimeoutError:
+        return (f"a connection attempt got no answer within {timeout_s:g} s (a firewall that "
+                "drops packets, a host that is down)")
+    except OSError as exc:
+        return f"it cannot be reached ({_one_line(exc)})"
 
 
 class Rendezvous:

@@ -137,10 +137,13 @@ def test_nodes_that_disagree_on_the_node_count(port: int) -> None:
 
 
 def test_master_that_never_answers(port: int) -> None:
+    t0 = time.monotonic()
     rc, line = one(["--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
                     "--master-port", str(port), "--timeout", "2", "--expect-gpus", "0"])
     assert rc == 3
     assert f"the master 127.0.0.1:{port} did not answer within 2 s" in line
+    assert "nothing listens on that port: connection refused" in line  # not "accepted"
+    assert time.monotonic() - t0 < 2 + 20  # the deadline, plus start-up on a loaded machine
 
 
 @pytest.mark.parametrize(("args", "env", "want"), [

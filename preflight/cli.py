@@ -114,6 +114,31 @@ def count_arg(what: str, most: int, hint: str) -> Callable[[str], int]:
     return parse
 
 
+def nproc_arg(text: str) -> int:
+    """Ranks for argparse (``bench --nproc``, ``cluster --nproc-per-node``): 1..64."""
+    from preflight.bench.method import MAX_NPROC  # (the parser is built without the bench)
+
+    return count_arg("ranks", MAX_NPROC,
+                     "one rank per GPU; with gloo, a few CPU ranks suffice")(text)
+
+
+def size_arg(text: str) -> int:
+    """An all-reduce size for argparse (``bench --min-bytes/--max-bytes``, ``cluster --size``):
+    bytes or 1024-based K/M/G, 4 bytes up to the config's own bound (bench_max_bytes)."""
+    from preflight.bench.method import parse_size
+    from preflight.core.config import RANGES
+
+    most = RANGES["bench_max_bytes"][1]
+    try:
+        size = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not 4 <= size <= most:
+        raise argparse.ArgumentTypeError(f"{text!r} is {size} bytes; expected 4 bytes .. "
+                                         f"{int(most) >> 30}G")
+    return size
+
+
 def add_config_options(p: argparse.ArgumentParser) -> None:
     """Options every node-checking command shares."""
     p.add_argument("--config", metavar="FILE",

@@ -30,6 +30,10 @@ REFERENCE_MIN_BYTES = GiB
 #: Share of a GPU's memory the test may use for its largest buffer (one buffer, a mask of a
 #: quarter of its size for the check, NCCL's own buffers and the CUDA context share the rest).
 MEMORY_SHARE = 4
+#: Most ranks one node's all-reduce may start (``bench --nproc``, ``cluster --nproc-per-node``):
+#: more than any node's GPUs (NVL72 trays hold 4; HGX boards 8, 16 at most), and a bound on the
+#: processes a typo (``--nproc 100000``) can start.
+MAX_NPROC = 64
 
 #: PCIe per-lane, per-direction payload bandwidth in bytes/s by generation: 2.5/5 GT/s with
 #: 8b/10b coding, 8/16/32 GT/s with 128b/130b, 64 GT/s PAM4 with FLIT mode (242/256).

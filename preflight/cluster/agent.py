@@ -1,47 +1,49 @@
 """One agent per node: the phases of ``preflight cluster`` over the store (docs/cluster.md).
 
-Node 0 drives: it gathers arrivals, then publishes numbered steps (``step/<k>``: run the node
-checks; run an all-reduce in these groups; the verdict) and gathers each node's answer
-(``res/<k>/<node_rank>``) until every node answered or the step's deadline passed. The other
-nodes follow the steps; each wait has a deadline, so no node hangs when node 0 or a peer stops.
-Every node ends on the verdict node 0 published, so all print the same and exit with one code.
+Node 0 drives: it opens an epoch (``preflight-cluster/e<n>/``), announces its ``--nnodes`` and
+``--timeout`` (``lead``), reads the arrivals log (:mod:`preflight.cluster.roll`) until every node
+rank arrived or its deadline passed, acknowledges each agent (``ok/<nonce>``: the step to start
+from, or why it is refused), then publishes numbered steps (``step/<k>``: run the node checks; run
+an all-reduce in these groups; the verdict) and reads each node's answer from the step's log. The
+other nodes follow: every wait has a deadline taken from node 0's own (its ``lead``), so every node
+ends on the verdict node 0 published, prints the same and exits with one code. What a node runs
+(checks, its share of an all-reduce) comes from a :class:`Runner`: the bench workers for real,
+synthetic figures in the scale simulation (benchmarks/cluster_sim.py).
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from preflight.bench import visible_gpus
-from preflight.bench.parent import BenchOptions, WorldSpec, run_workers
-from preflight.bench.procs import interpreter_facts
-from preflight.bench.verdict import judge
-from preflight.bench.worker import engines, wire
-from preflight.checks import CHECKS, GPU_LOAD_CHECKS, master_port
-from preflight.cluster import localise, parity
+from preflight.cluster import localise, parity, wire
+from preflight.cluster.facts import choose_engine
+from preflight.cluster.groups import floor_for, judge_across, merge, min_link
 from preflight.cluster.options import ClusterOptions, ClusterUsageError
-from preflight.cluster.store import GroupRelay, MasterLost, Rendezvous
-from preflight.core.context import Context
-from preflight.core.result import SCHEMA_VERSION, ExitCode, Status, exit_code, worst
-from preflight.core.runner import run_checks, select
-from preflight.probes.net import probe_interfaces, resolve_host, route_source
-
-log = logging.getLogger(__name__)
+from preflight.cluster.roll import Entry, LogReader, Roll, write
+from preflight.cluster.store import MasterLost, Rendezvous
+from preflight.cluster.verdict import Verdict, round_json
+from preflight.core.result import Status
 
 #: Extra seconds a follower waits for node 0's next step beyond that step's own deadline.
 SLACK_S = 5.0
 #: After the verdict, node 0 keeps the store up this long for the others to read it.
 LINGER_S = 5.0
+#: Node 0 looks at a log at least this often while it waits (and at once when it completes).
+LOOK_S = 0.5
+#: A follower re-joins a new epoch (node 0 restarted in torchrun's store) at most this often.
+MAX_REJOINS = 3
+#: A follower's server-side waits last at most this long (the wait ends the moment its key is
+#: set): 1,000 idle nodes cost the server 200 requests a second, and a new epoch is seen within.
+FOLLOW_SLICE_S = 5.0
 
 
 @dataclass(frozen=True)
 class RunSettings:
-    """What the node runs: backend, GPUs (ranks) per node, all-reduce size, floor."""
+    """What the nodes run: backend, ranks per node, all-reduce size and the floors."""
 
     backend: str
     nproc: int
@@ -50,452 +52,375 @@ class RunSettings:
     bandwidth: bool
     bench_timeout_s: float
     python: str
-    #: the workers' engine as asked (--engine, config bench_engine): auto, torch or nccl4py;
-    #: node 0 decides one for every node (:func:`choose_engine`)
+    #: the workers' engine as asked (auto, torch, nccl4py); node 0 decides one for every node
     engine: str = "auto"
-    #: --ddp: the DDP ladder's step 4 over every rank of every node (preflight/ddp/world.py)
+    relative_floor: float = localise.RELATIVE_FLOOR
+    link_floor: float = 0.5
+    #: the node checks' deadline (a check may take check_timeout_s before the runner gives up)
+    checks_timeout_s: float = 0.0
+    #: --ddp: last, the DDP ladder's step 4 over every rank of every node (preflight/ddp/world.py)
     ddp: bool = False
+    #: how long one node's DDP step may take (the workers' start-up and ddp_timeout_s)
+    ddp_deadline_s: float = 0.0
 
 
-def has_nccl4py(python: str) -> bool | None:
-    """Whether the workers' interpreter can import nccl4py (the GPU workers' own engine choice,
-    :mod:`preflight.bench.worker.engines`); None when it could not be asked within 10 s."""
-    found = interpreter_facts(python)
-    return None if found is None else engines.has(found, "nccl4py")
+class Runner(Protocol):
+    """What one node runs for the agent."""
+
+    def facts(self, nonce: str) -> dict[str, Any]:
+        """This node's arrival (:func:`preflight.cluster.facts.node_facts`)."""
+        ...
+
+    def checks(self) -> dict[str, Any]:
+        """The node checks, as JSON (status, results, fingerprint)."""
+        ...
+
+    def allreduce(self, *, key: str, tag: str, group: list[int], nproc: Callable[[int], int],
+                  engine: str) -> dict[str, Any]:
+        """This node's share of one group's all-reduce (store keys under ``key``)."""
+        ...
+
+    def ddp(self, *, key: str, nodes: list[int], nproc: Callable[[int], int]) -> dict[str, Any]:
+        """This node's ranks of the DDP training over ``nodes`` (store keys under ``key``)."""
+        ...
 
 
-def choose_engine(requested: str, backend: str, nccl4py: Mapping[int, bool | None]) -> str:
-    """One engine for every node of the run, decided by node 0 from what each node can import.
-
-    The nccl4py engine (no torch in the workers: ~0.6 s of imports against ~4 s) when asked for,
-    or with ``auto`` when every node's workers can import it; else torch. gloo is torch's.
-    """
-    if backend == "gloo" or requested == "torch":
-        return "torch"
-    if requested == "nccl4py":
-        return "nccl4py"
-    return "nccl4py" if nccl4py and all(v is True for v in nccl4py.values()) else "torch"
+class Restarted(RuntimeError):
+    """Node 0 opened a new epoch (it restarted): join it."""
 
 
-Progress = Callable[[str], None]
-
-
-def node_facts(ctx: Context, opts: ClusterOptions, settings: RunSettings) -> dict[str, Any]:
-    """What this node tells the others on arrival: who it is, and the facts parity compares."""
-    try:
-        family, target = resolve_host(opts.master_addr, timeout_s=min(5.0, opts.timeout_s))[0]
-        addr: str | None = route_source(family, target)
-    except (OSError, TimeoutError, IndexError):
-        addr = None
-    iface = probe_interfaces().owner(addr) if addr else None
-    snap = ctx.gpus()
-    gpus, count, _ = visible_gpus(ctx)
-    nccl4py = (has_nccl4py(settings.python)
-               if settings.backend == "nccl" and settings.engine == "auto" and settings.bandwidth
-               else None)
-    return {"host": socket.gethostname(), "addr": addr, "pid": os.getpid(),
-            "nnodes": opts.nnodes, "nproc": settings.nproc, "backend": settings.backend,
-            "nccl4py": nccl4py,
-            "interface": iface.name if iface else None,
-            "facts": {"gpu_count": count if snap.available else None,
-                      "gpu_model": ", ".join(sorted({g.name for g in gpus if g.name})) or None,
-                      "mtu": iface.mtu if iface else None,
-                      "env": {k: v for k, v in sorted(ctx.env.items())
-                              if k.startswith(("NCCL_", "GLOO_"))}}}
-
-
-def run_node_checks(ctx: Context) -> dict[str, Any]:
-    """The checks of ``preflight check --no-bandwidth``, as JSON (results + fingerprint).
-
-    Without ``master_port`` too: the rendezvous has just proven that MASTER_ADDR resolves and its
-    port answers, and on node 0 that port is the cluster's own store (it would read as in use)."""
-    skip = [*GPU_LOAD_CHECKS, master_port.NAME]
-    report = run_checks(ctx, select(CHECKS, skip=skip), mode="cluster")
-    data = report.to_json()
-    fp = data.get("fingerprint") or {}
-    return {"status": data["status"], "results": data["results"], "fingerprint": fp,
-            "fingerprint_sha256": fp.get("sha256")}
-
-
-def run_group(ctx: Context, opts: ClusterOptions, settings: RunSettings, *,
-              nproc: Mapping[int, int], iface: str | None, group: list[int], prefix: str,
-              floor_gbps: float | None, engine: str = "torch",
-              relay: GroupRelay | None = None) -> dict[str, Any]:
-    """This node's share of an all-reduce over the nodes of ``group`` (global ranks in node order;
-    torch: every rank a client of the cluster's store under ``prefix``; nccl4py: the unique id
-    goes through ``relay``, the store under the same prefix)."""
-    me = opts.node_rank
-    offset = sum(nproc[r] for r in group if r < me)
-    world = sum(nproc[r] for r in group)
-    env = dict(ctx.env)
-    if settings.backend == "gloo" and iface and "GLOO_SOCKET_IFNAME" not in env:
-        # Gloo binds the address the hostname resolves to unless told; use the master's route.
-        env["GLOO_SOCKET_IFNAME"] = str(iface)
-    spec = None if len(group) == 1 else WorldSpec(
-        store_host=opts.master_addr, store_port=opts.master_port,
-        store_prefix=f"preflight-cluster/{prefix}/", rank_offset=offset, world_size=world,
-        relay=relay)
-    labels = tuple(f"node {me} CPU {i}" if settings.backend == "gloo" else f"node {me} cuda:{i}"
-                   for i in range(settings.nproc))
-    warmup, iters = wire.ITERATIONS[settings.backend]
-    bench = BenchOptions(backend=settings.backend, nproc=settings.nproc,
-                         sizes=(settings.size_bytes,), timeout_s=settings.bench_timeout_s,
-                         iters=iters, warmup=warmup,
-                         labels=labels, env=env, python=settings.python, world=spec,
-                         engine=engine)
-    record = run_workers(bench)
-    gpus = visible_gpus(ctx)[0][: settings.nproc] if len(group) == 1 else ()
-    result = judge(record, gpus=gpus, min_busbw_gbps=floor_gbps)
-    out = result.to_json()
-    out["failure_kind"] = record.failure.kind if record.failure else None
-    return out
+def new_nonce() -> str:
+    return os.urandom(8).hex()
 
 
 class Agent:
     """The phases, for node 0 (:meth:`lead`) and the others (:meth:`follow`)."""
 
-    def __init__(self, ctx: Context, opts: ClusterOptions, settings: RunSettings,
-                 store: Rendezvous, *, progress: Progress | None = None) -> None:
-        self.ctx, self.opts, self.settings, self.store = ctx, opts, settings, store
+    def __init__(self, opts: ClusterOptions, settings: RunSettings, base: Rendezvous,
+                 runner: Runner, *, host: str, progress: Callable[[str], None] | None = None,
+                 nonce: str | None = None) -> None:
+        self.opts, self.settings, self.base, self.runner = opts, settings, base, runner
+        self.host = host
+        self.nonce = nonce or new_nonce()
         self.progress = progress or (lambda _text: None)
         self.started = time.monotonic()
+        self.store = base
         self.k = 0
         self.peer_ops: dict[int, int] = {}
-        self.nproc: dict[int, int] = {}
-        self.info: dict[str, Any] = {}
-        #: the workers' engine for every node, decided by node 0 after the arrivals
-        self.engine = "torch"
+        #: wake key -> the pause before node 0 looks again at a log already marked complete
+        self._pauses: dict[str, float] = {}
 
-    def _deadline(self, seconds: float) -> float:
-        return time.monotonic() + seconds
+    def run(self) -> dict[str, Any]:
+        return self.lead() if self.opts.node_rank == 0 else self.follow()
 
-    # ------------------------------------------------------------------ every node
+    # ------------------------------------------------------------------ the other nodes
 
-    def arrive(self) -> dict[str, Any]:
-        """Register; ClusterUsageError when another agent already took this node rank."""
-        me = self.opts.node_rank
-        info = node_facts(self.ctx, self.opts, self.settings)
-        if self.store.add(f"claim/{me}", 1) > 1:
-            raise ClusterUsageError(f"node rank {me} is taken twice: another agent already "
-                                    f"registered as node {me}; give every node its own "
-                                    "--node-rank")
-        self.store.put("arrive", me, info)
+    def follow(self) -> dict[str, Any]:
+        """A node other than 0: arrive, follow the steps to the verdict (or raise)."""
+        for _ in range(MAX_REJOINS):
+            try:
+                return self._follow_epoch()
+            except Restarted:
+                self.progress("node 0 restarted: joining again")
+                self.started = time.monotonic()
+        raise MasterLost(f"node 0 restarted {MAX_REJOINS} times while this node waited")
+
+    def _follow_epoch(self) -> dict[str, Any]:
+        o = self.opts
+        until = self.started + o.timeout_s
+        # Node 0 counts the epoch up, then sets "started" (waited on server-side; in torchrun's
+        # store an earlier run's is already there: a newer epoch is noticed while waiting).
+        if not self.base.wait_for("started", until):
+            raise MasterLost(f"node 0's agent did not start at {self.base.master} within "
+                             f"{o.timeout_s:g} s")
+        self.epoch = epoch = self.base.add("epoch", 0)
+        self.store = self.base.scoped(f"e{epoch}")
+        if not self._wait("lead", until):
+            raise MasterLost(f"node 0's agent did not announce itself at {self.base.master} "
+                             f"within {o.timeout_s:g} s")
+        lead = self._read("lead", "lead", wire.lead)
+        write(self.store, "arrive", o.node_rank, self.nonce, self.runner.facts(self.nonce),
+              expect=lead["nnodes"] - 1)
         self.progress("arrived")
-        return info
+        # Node 0's deadline, not ours: it closes the arrivals, then takes every node at once.
+        if not self._wait(f"ok/{self.nonce}", time.monotonic() + lead["timeout_s"] + SLACK_S):
+            raise MasterLost(f"node 0 ({lead['host']}) did not take this node's arrival within "
+                             f"{lead['timeout_s'] + SLACK_S:g} s; look at node 0's own output")
+        ack = self._read(f"ok/{self.nonce}", "ack", wire.ack)
+        if ack["refused"]:
+            raise ClusterUsageError(ack["refused"])
+        k, wait_s = ack["from_step"], lead["timeout_s"] + SLACK_S
+        while True:
+            if not self._wait(f"step/{k}", time.monotonic() + wait_s):
+                raise MasterLost(f"node 0 ({self.base.master}) published no step {k} within "
+                                 f"{wait_s:g} s: it stopped answering (SIGSTOP, overload) or "
+                                 "died; look at node 0's own output")
+            step = self._read(f"step/{k}", "verdict", wire.step)
+            if step["do"] == "verdict":
+                write(self.store, "got", o.node_rank, self.nonce, True)
+                return dict(step["verdict"])
+            if step["replaced"].get(o.node_rank, self.nonce) != self.nonce:
+                raise ClusterUsageError(f"node rank {o.node_rank} was taken over by a newer "
+                                        "agent; this one stops")
+            if o.node_rank in step["nodes"]:
+                answer = self._do(k, step)
+                if answer is not None:
+                    answer.update(nonce=self.nonce, store_ops=self.store.ops)
+                    write(self.store, f"res/{k}", o.node_rank, self.nonce, answer,
+                          expect=len(step["nodes"]) - (1 if 0 in step["nodes"] else 0))
+            wait_s = float(step["deadline_s"]) + SLACK_S
+            k += 1
 
-    def _do(self, k: int, step: Mapping[str, Any], nproc: Mapping[int, int]) -> Any:
+    def _wait(self, key: str, until: float) -> bool:
+        """Wait for ``key``; in torchrun's store, a new epoch (node 0 restarted) interrupts."""
+        watch = self.opts.use_agent_store and self.opts.node_rank != 0
+        while True:
+            left = until - time.monotonic()
+            if left <= 0:
+                return False
+            if self.store.wait_slice(key, min(FOLLOW_SLICE_S, left)):
+                return True
+            if watch and self.base.add("epoch", 0) != self.epoch:
+                raise Restarted
+
+    def _read(self, key: str, kind: str, check: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+        try:
+            return check(self.store.get(key, kind))
+        except wire.Garbage as exc:
+            raise MasterLost(f"the store's {key} (from node 0, or from anything that reaches "
+                             f"{self.base.master}) is not valid: {exc}") from None
+
+    def _do(self, k: int, step: Mapping[str, Any]) -> dict[str, Any] | None:
         me = self.opts.node_rank
         if step["do"] == "checks":
             self.progress("node checks")
-            return run_node_checks(self.ctx)
+            return self.runner.checks()
+        nodes = list(step["nodes"])
+        nproc = step["nproc"]
         if step["do"] == "ddp":
-            from preflight.ddp.world import cluster_step
-
             self.progress("DDP over every node")
-            return cluster_step(self.ctx, master_addr=self.opts.master_addr,
-                                master_port=self.opts.master_port, node_rank=me, nproc=nproc,
-                                nodes=list(step["nodes"]), prefix=f"s{k}/ddp",
-                                backend=self.settings.backend, iface=self.info.get("interface"))
-        for i, group in enumerate(step["groups"]):
+            return self.runner.ddp(key=f"s{k}/ddp/", nodes=nodes,
+                                   nproc=lambda r: wire.nproc_of(nproc, r))
+        for i, group in enumerate(wire.groups_of(step["groups"], nodes)):
             if me in group:
                 self.progress(f"all-reduce {step['tag']} with nodes {group}")
-                return run_group(self.ctx, self.opts, self.settings, nproc=nproc,
-                                 iface=self.info.get("interface"), group=list(group),
-                                 prefix=f"s{k}/g{i}",
-                                 # --min-busbw is the network's floor; inside one node the
-                                 # built-in table per GPU model and count judges.
-                                 floor_gbps=None if step["tag"] == "intra"
-                                 else self.settings.min_busbw_gbps,
-                                 engine=str(step.get("engine", "torch")),
-                                 relay=GroupRelay(self.store, f"s{k}/g{i}/"))
+                return self.runner.allreduce(key=f"s{k}/g{i}/", tag=step["tag"], group=group,
+                                             nproc=lambda r: wire.nproc_of(nproc, r),
+                                             engine=step["engine"])
         return None
-
-    def follow(self) -> dict[str, Any]:
-        """A node other than 0: follow the steps to the verdict (or raise MasterLost)."""
-        self.info = self.arrive()
-        nproc: dict[int, int] = {}
-        wait_s = self.opts.timeout_s + SLACK_S  # node 0 waits up to timeout_s for arrivals
-        k = 0
-        while True:
-            if not self.store.wait_for(f"step/{k}", self._deadline(wait_s)):
-                raise MasterLost(f"node 0 ({self.store.master}) published no step {k} within "
-                                 f"{wait_s:g} s: it stopped answering (SIGSTOP, overload) or "
-                                 "died; look at node 0's own output")
-            step = self.store.get(f"step/{k}")
-            if step["do"] == "verdict":
-                return dict(step["verdict"])
-            if k == 0:
-                nproc = {int(r): int(n) for r, n in step["nproc"].items()}
-            if self.opts.node_rank in nproc:
-                answer = self._do(k, step, nproc)
-                if answer is not None:
-                    # The store traffic this node made so far, for the cost figures.
-                    answer["store_ops"] = self.store.ops
-                    self.store.put(f"res/{k}", self.opts.node_rank, answer)
-            wait_s = float(step["deadline_s"]) + SLACK_S
-            k += 1
 
     # ------------------------------------------------------------------ node 0
 
     def lead(self) -> dict[str, Any]:
         """Node 0: run every phase, publish and return the verdict."""
         o = self.opts
-        self.info = self.arrive()
+        self.epoch = self.base.add("epoch", 1)
+        self.store = self.base.scoped(f"e{self.epoch}")
+        self.store.set("lead", {"nonce": self.nonce, "nnodes": o.nnodes,
+                                "timeout_s": o.timeout_s, "host": self.host[:wire.MAX_NAME]})
+        self.base.set("started", self.epoch)
+        self.roll = roll = Roll(o.nnodes, o.timeout_s, backend=self.settings.backend)
+        roll.take(Entry(0, 0, self.nonce, self.runner.facts(self.nonce)), step=0, closed=False)
+        self.arrivals = LogReader(self.store, "arrive", "arrival")
         self.progress("waiting for the other nodes")
-        arrivals = self.store.gather("arrive", range(o.nnodes), self._deadline(o.timeout_s))
-        missing = [r for r in range(o.nnodes) if r not in arrivals]
-        v = Verdict(o.nnodes, arrivals, missing)
-        self.nproc = {r: int(a["nproc"]) for r, a in arrivals.items()}
+        deadline = self.started + o.timeout_s
+        while True:
+            self._drain(step=0, closed=False)
+            if all(r in roll.accepted for r in range(o.nnodes)) or time.monotonic() >= deadline:
+                break
+            self._look("arrive/all", deadline)
+        roll.flush_acks(self.store)
+        v = self.verdict = Verdict(o.nnodes, roll, missing=[r for r in range(o.nnodes)
+                                                            if r not in roll.accepted])
+        if roll.usage or 0 not in roll.accepted:
+            return self._publish(v)
         self.engine = choose_engine(self.settings.engine, self.settings.backend,
-                                    {r: a.get("nccl4py") for r, a in arrivals.items()})
-        bad_n = {r: a["nnodes"] for r, a in arrivals.items() if a["nnodes"] != o.nnodes}
-        if bad_n:
-            v.usage = (f"the nodes disagree on the node count: node 0 has --nnodes {o.nnodes}, "
-                       + ", ".join(f"node {r} has {n}" for r, n in sorted(bad_n.items()))
-                       + "; start every agent with the same --nnodes (or the same launcher "
-                       "variables)")
-            return self._publish(0, v)
-        # A check may take its own deadline (check_timeout_s) before the runner gives up on it.
-        checks_s = max(o.timeout_s, self.ctx.config.check_timeout_s + SLACK_S)
-        checks = self._step({"do": "checks", "deadline_s": checks_s,
-                             "nproc": {str(r): a["nproc"] for r, a in arrivals.items()}},
-                            sorted(arrivals), "node checks")
-        v.checks = checks
-        v.unresponsive.update({r: "node checks" for r in arrivals if r not in checks})
-        flat = {r: parity.flatten(c.get("fingerprint"), arrivals[r]["facts"])
-                for r, c in checks.items()}
+                                    {r: a.get("nccl4py") for r, a in roll.accepted.items()})
+        arrived = sorted(roll.accepted)
+        checks_s = max(o.timeout_s, self.settings.checks_timeout_s)
+        got, _ = self._step({"do": "checks", "deadline_s": checks_s}, arrived, kind="checks",
+                            check=wire.checks_answer, mine=self.runner.checks,
+                            what="node checks")
+        v.checks = got
+        flat = {r: parity.flatten(c.get("fingerprint"), roll.accepted[r]["facts"])
+                for r, c in got.items()}
         v.differences = parity.compare(flat) if len(flat) > 1 else []
-        alive = sorted(checks)
-        total = sum(int(arrivals[r]["nproc"]) for r in alive)
-        if self.settings.bandwidth and total >= 2:
-            self._world_and_localise(v, alive)
-        if self.settings.ddp:
-            from preflight.ddp.world import judge_world, step_deadline_s
+        alive = sorted(got)
+        if self.settings.bandwidth and sum(self.nproc(r) for r in alive) >= 2 \
+                and not roll.usage:
+            self._bandwidth(v, alive)
+        if self.settings.ddp and not roll.usage:
+            self._ddp(v, [r for r in alive if r not in v.unresponsive])
+        return self._publish(v)
 
-            nodes = [r for r in alive if r not in v.unresponsive]
-            got = self._step({"do": "ddp", "nodes": nodes, "deadline_s": step_deadline_s(
-                self.ctx) + o.timeout_s}, nodes, "DDP over every node")
-            v.unresponsive.update({r: "DDP over every node" for r in nodes if r not in got})
-            v.ddp = judge_world(got, nodes=nodes)
-        return self._publish(self.k, v)
+    def nproc(self, rank: int) -> int:
+        return int(self.roll.accepted[rank]["nproc"])
 
-    def _step(self, step: dict[str, Any], nodes: list[int], what: str) -> dict[int, Any]:
+    def _drain(self, *, step: int, closed: bool) -> None:
+        for e in self.arrivals.poll():
+            self.roll.take(e, step=step, closed=closed)
+        if closed:
+            self.roll.flush_acks(self.store)
+
+    def _look(self, wake: str, deadline: float) -> None:
+        """Wait until ``wake`` is set (a log's last writer sets it) or LOOK_S passes. Once it is
+        set while entries are still missing (an earlier writer between its count and its
+        pointer), look again after a pause that doubles each time, up to LOOK_S: not 20 polls a
+        second while that writer waits for a CPU."""
+        left = deadline - time.monotonic()
+        if left > 0 and self.store.wait_slice(wake, min(LOOK_S, left)):
+            pause = self._pauses.get(wake, 0.05)
+            self._pauses[wake] = min(LOOK_S, 2 * pause)
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+
+    def _step(self, step: dict[str, Any], nodes: list[int], *, kind: str,
+              check: Callable[[Any], dict[str, Any]], mine: Callable[[], dict[str, Any]],
+              what: str) -> tuple[dict[int, dict[str, Any]], set[int]]:
+        """Publish step k for ``nodes``, run node 0's part, gather the others' answers (and the
+        node ranks whose answer was not valid)."""
         k = self.k
         # The deadline runs from the publication, as on the other nodes (who wait for the next
-        # step at most deadline_s + SLACK_S after their own part), not from the end of our part.
-        deadline = self._deadline(float(step["deadline_s"]))
-        self.store.set(f"step/{k}", step)
-        mine = self._do(k, step, self.nproc) if 0 in nodes else None
-        if mine is not None:
-            self.store.put(f"res/{k}", 0, mine)
+        # step at most deadline_s + SLACK_S after their own part).
+        deadline = time.monotonic() + float(step["deadline_s"])
+        self.store.set(f"step/{k}", {**step, "nodes": wire.runs(nodes),
+                                     "replaced": {str(r): n for r, n in
+                                                  self.roll.replaced.items()}})
+        got: dict[int, dict[str, Any]] = {}
+        if 0 in nodes:
+            got[0] = mine()
+        want = {r for r in nodes if r != 0}
+        log = LogReader(self.store, f"res/{k}", kind)
         self.progress(f"gathering {what}")
-        got = self.store.gather(f"res/{k}", nodes, deadline)
-        for r, answer in got.items():
-            self.peer_ops[r] = max(self.peer_ops.get(r, 0), int(answer.pop("store_ops", 0)))
+        bad: set[int] = set()
+        while True:
+            self._drain(step=k, closed=True)
+            for e in log.poll():
+                self._answer(e, want=want, check=check, got=got, bad=bad, what=what)
+            if want <= set(got) | bad or time.monotonic() >= deadline:
+                break
+            self._look(f"res/{k}/all", deadline)
+        for r in sorted(want - set(got) - bad):
+            self.verdict.unresponsive.setdefault(r, what)
         self.k += 1
-        return got
+        return got, bad
 
-    def _group_run(self, v: Verdict, tag: str, groups: list[list[int]]
-                   ) -> dict[tuple[int, ...], dict[str, Any]]:
-        deadline = self.settings.bench_timeout_s + self.opts.timeout_s
-        nodes = sorted(r for g in groups for r in g)
-        got = self._step({"do": "allreduce", "tag": tag, "groups": groups,
-                          "deadline_s": deadline, "engine": self.engine}, nodes,
-                         f"all-reduce {tag}")
-        v.unresponsive.update({r: f"all-reduce {tag}" for r in nodes if r not in got})
-        return {tuple(g): merge_group(g, got) for g in groups}
-
-    def _world_and_localise(self, v: Verdict, alive: list[int]) -> None:
-        world = self._group_run(v, "world", [alive])[tuple(alive)]
-        v.allreduce = world
-        if Status.parse(world["status"]) <= Status.WARN or len(alive) < 2:
+    def _answer(self, e: Entry, *, want: set[int], check: Callable[[Any], dict[str, Any]],
+                got: dict[int, dict[str, Any]], bad: set[int], what: str) -> None:
+        if e.rank is None or e.rank not in want:
+            if e.garbage:
+                self.roll.garbage.append({"node_rank": e.rank, "what": what, "why": e.garbage})
             return
-        floor_given = self.settings.min_busbw_gbps
+        if e.nonce != self.roll.nonce_of(e.rank):
+            return  # an earlier agent of that node rank (it restarted): not its answer
+        try:
+            if e.garbage:
+                raise wire.Garbage(e.garbage)
+            answer = check(e.value)
+        except wire.Garbage as exc:
+            self.roll.garbage.append({"node_rank": e.rank, "what": what, "why": str(exc)})
+            bad.add(e.rank)
+            return
+        self.peer_ops[e.rank] = max(self.peer_ops.get(e.rank, 0), answer.pop("store_ops", 0))
+        got[e.rank] = answer
+
+    def _allreduce(self, tag: str, rule: str | list[list[int]], nodes: list[int]
+                   ) -> dict[tuple[int, ...], dict[str, Any]]:
+        """One round: every group at once; each group's answers merged and judged."""
+        s = self.settings
+        nproc = {r: self.nproc(r) for r in nodes}
+        step = {"do": "allreduce", "tag": tag, "groups": rule, "engine": self.engine,
+                "nproc": wire.compact_nproc(nproc),
+                "deadline_s": s.bench_timeout_s + self.opts.timeout_s}
+        groups = wire.groups_of(rule, nodes)
+        mine = next((g for g in groups if 0 in g), None)
+        gi = groups.index(mine) if mine is not None else 0
+        got, bad = self._step(step, nodes, kind="allreduce", check=wire.allreduce_answer,
+                              mine=lambda: self.runner.allreduce(
+                                  key=f"s{self.k}/g{gi}/", tag=tag, group=list(mine or []),
+                                  nproc=lambda r: nproc[r], engine=self.engine),
+                              what=f"all-reduce {tag}")
+        out = {}
+        for g in groups:
+            merged = merge(g, got, [r for r in g if r in bad])
+            if len(g) > 1:
+                merged = judge_across(merged, backend=s.backend, link=self._link(g),
+                                      min_busbw_gbps=s.min_busbw_gbps, link_floor=s.link_floor)
+            out[tuple(g)] = merged
+        return out
+
+    def _link(self, group: list[int]) -> wire.Link | None:
+        return min_link([self.roll.accepted[r].get("link") for r in group])
+
+    def _floor(self, group: tuple[int, ...]) -> float | None:
+        s = self.settings
+        return floor_for(s.backend, self._link(list(group)), min_busbw_gbps=s.min_busbw_gbps,
+                         link_floor=s.link_floor)
+
+    def _bandwidth(self, v: Verdict, alive: list[int]) -> None:
+        world = self._allreduce("world", "all", alive)[tuple(alive)]
+        v.allreduce = world
         alive = [r for r in alive if r not in v.unresponsive]
-        multi = [[r] for r in alive if self.nproc[r] >= 2]
+        if len(alive) < 3:
+            if not world.get("ok"):
+                v.failed.update({r: "its own workers failed in the all-reduce over all nodes"
+                                 for r in world.get("failed_nodes", []) if r in alive})
+            return
+        loc = localise.Localiser(alive, relative_floor=self.settings.relative_floor)
+        multi = [r for r in alive if self.nproc(r) >= 2]
         if multi:
-            res = self._group_run(v, "intra", multi)
+            res = self._allreduce("intra", "single", multi)
+            loc.rounds += 1
             v.rounds.append(round_json("intra", res, None))
             for g, r in res.items():
                 if Status.parse(r["status"]) >= Status.ERROR:
-                    v.slow[g[0]] = f"its own all-reduce (no network): {r['message']}"
-        pair_list, odd = localise.pairs([r for r in alive if r not in v.unresponsive])
-        if not pair_list:
-            return
-        res = self._group_run(v, "pairs", [list(p) for p in pair_list])
-        figures = {g: (r.get("busbw_gbps") if r["status"] != "error" and r["ok"] else None)
-                   for g, r in res.items()}
-        floor = localise.floor_of(figures, floor_given)
-        v.rounds.append(round_json("pairs", res, floor))
-        bad = localise.bad_groups(figures, floor)
-        suspects = sorted({n for g in bad for n in g} | set(odd))
-        good = [n for g in figures if g not in bad for n in g if n not in v.unresponsive]
-        suspects = [s for s in suspects if s not in v.unresponsive]
-        if not suspects:
-            return
-        matched, unmatched = localise.match(suspects, good)
-        v.unmatched = unmatched
-        if matched:
-            res = self._group_run(v, "suspects", [list(p) for p in matched])
-            figures = {g: (r.get("busbw_gbps") if r["ok"] else None) for g, r in res.items()}
-            v.rounds.append(round_json("suspects", res, floor))
-            for g in localise.bad_groups(figures, floor):
-                fig = figures[g]
-                v.slow[g[0]] = (f"with node {g[1]} (which passed) busbw "
-                                f"{'failed' if fig is None else f'{fig:.4g} GB/s'}, floor "
-                                f"{floor:.4g} GB/s" if floor is not None else "failed")
+                    where = (loc.known_slow if r.get("reason") == "BusbwLow"
+                             else loc.known_failed)
+                    where[g[0]] = f"its own all-reduce (no network): {r['message']}"
+        groups, tag = loc.first_groups(), "pairs"
+        while groups:
+            nodes = sorted({n for g in groups for n in g})
+            rule: str | list[list[int]] = "pairs" if tag == "pairs" else [list(g) for g in groups]
+            res = self._allreduce(tag, rule, nodes)
+            for n in list(v.unresponsive):
+                if n in loc.candidates:
+                    loc.known_failed[n] = f"its agent did not answer in {v.unresponsive[n]}"
+            loc.observe(tag, {g: localise.Outcome(
+                r.get("busbw_gbps") if r.get("ok") else None, why=str(r.get("message", "")),
+                floor_gbps=self._floor(g)) for g, r in res.items()})
+            v.rounds.append(round_json(tag, res, loc.bar()))
+            groups, tag = loc.next_groups(), "confirm"
+        v.conclusion = loc.judge()
 
-    def _publish(self, k: int, v: Verdict) -> dict[str, Any]:
-        v.store = {"ops": self.store.ops, "bytes": self.store.bytes,
+    def _ddp(self, v: Verdict, nodes: list[int]) -> None:
+        """Every rank of every node in one DDP training, judged as one (preflight/ddp/world.py)."""
+        from preflight.ddp.world import judge_world
+
+        nproc = {r: self.nproc(r) for r in nodes}
+        step = {"do": "ddp", "nproc": wire.compact_nproc(nproc),
+                "deadline_s": self.settings.ddp_deadline_s + self.opts.timeout_s}
+        got, _ = self._step(step, nodes, kind="ddp", check=wire.ddp_answer,
+                            mine=lambda: self.runner.ddp(key=f"s{self.k}/ddp/", nodes=nodes,
+                                                         nproc=lambda r: nproc[r]),
+                            what="DDP over every node")
+        v.ddp = judge_world(got, nodes=nodes)
+
+    def _publish(self, v: Verdict) -> dict[str, Any]:
+        v.store = {"ops": self.store.ops, "bytes": self.store.traffic.bytes,
                    "other_nodes_ops": sum(self.peer_ops.values())}
         v.elapsed_s = time.monotonic() - self.started
-        verdict = v.to_json()
-        # The others get the verdict without every node's check results (kilobytes per node,
-        # fetched by every node: quadratic at 1,000 nodes); node 0 prints them.
-        compact = {**verdict, "nodes": [{**n, "results": [], "results_on": "node 0"}
-                                        for n in verdict["nodes"]]}
-        self.store.set(f"step/{k}", {"do": "verdict", "verdict": compact})
-        # Keep the store up until every arrived node took the verdict (or LINGER_S passed).
-        self.store.gather("got", [r for r in v.arrivals if r != 0], self._deadline(LINGER_S))
+        verdict = v.to_json(full=True)
+        # The others get the verdict without every node's rows (each node fetching every node's
+        # results would be quadratic traffic at 1,000 nodes); node 0 prints them.
+        k = self.k
+        self.store.set(f"step/{k}", {"do": "verdict", "verdict": v.to_json(full=False)})
+        # Keep the store up until every agent took the verdict (or LINGER_S passed); agents that
+        # arrive now are told to read it.
+        want = {r for r in self.roll.accepted if r != 0}
+        seen: set[int] = set()
+        got = LogReader(self.store, "got", "ack")
+        until = time.monotonic() + LINGER_S
+        while time.monotonic() < until and not want <= seen:
+            self._drain(step=k, closed=True)
+            seen.update(e.rank for e in got.poll() if e.rank is not None)
+            self._look("got/all", until)
         return verdict
-
-    def ack(self) -> None:
-        """A follower tells node 0 it has the verdict (so node 0 can stop the store)."""
-        self.store.put("got", self.opts.node_rank, True)
-
-
-def merge_group(group: list[int], got: Mapping[int, Any]) -> dict[str, Any]:
-    """One all-reduce over several nodes: node results merged, the first cause named."""
-    answers = {r: got[r] for r in group if r in got}
-    silent = [r for r in group if r not in got]
-    base = dict(answers[min(answers)]) if answers else {"status": "error", "busbw_gbps": None}
-    named = []
-    for r, res in sorted(answers.items()):
-        if res["status"] in ("fail", "error") and res.get("failure_kind") not in (None, "hung",
-                                                                                 "timeout"):
-            named.append(f"node {r}: {res['message']}")
-    statuses = [Status.parse(a["status"]) for a in answers.values()] or [Status.ERROR]
-    status = worst([*statuses, *([Status.FAIL] if silent else [])])
-    if silent:
-        named.append(f"node(s) {', '.join(map(str, silent))} did not report (agent stopped)")
-    if named:
-        base["message"] = "; ".join(named)
-    base["status"] = status.word
-    base["nodes"] = group
-    base["ok"] = status <= Status.WARN and bool(answers) and not silent
-    return base
-
-
-def round_json(name: str, res: Mapping[tuple[int, ...], Mapping[str, Any]], floor: float | None
-               ) -> dict[str, Any]:
-    return {"round": name, "floor_gbps": floor,
-            "groups": [{"nodes": list(g), "status": r["status"], "busbw_gbps":
-                        r.get("busbw_gbps"), "message": r.get("message", "")}
-                       for g, r in res.items()]}
-
-
-class Verdict:
-    """Findings of every phase, turned into the JSON every node prints (docs/cluster.md)."""
-
-    def __init__(self, nnodes: int, arrivals: Mapping[int, Any], missing: list[int]) -> None:
-        self.nnodes, self.arrivals, self.missing = nnodes, dict(arrivals), missing
-        self.usage: str | None = None
-        self.checks: dict[int, Any] = {}
-        self.unresponsive: dict[int, str] = {}
-        self.differences: list[dict[str, Any]] = []
-        self.allreduce: dict[str, Any] | None = None
-        self.rounds: list[dict[str, Any]] = []
-        self.slow: dict[int, str] = {}
-        self.unmatched: list[int] = []
-        self.store: dict[str, int] = {}
-        self.elapsed_s = 0.0
-        self.ddp: dict[str, Any] | None = None
-
-    def _name(self, r: int) -> str:
-        host = self.arrivals.get(r, {}).get("host")
-        return f"node {r} ({host})" if host else f"node {r}"
-
-    def findings(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-
-        def add(status: Status, reason: str, message: str, remedy: str) -> None:
-            out.append({"status": status.word, "reason": reason, "message": message,
-                        "remedy": remedy})
-
-        if self.missing:
-            add(Status.FAIL, "NodesMissing",
-                f"{len(self.missing)} of {self.nnodes} node(s) did not arrive: node rank(s) "
-                f"{', '.join(map(str, self.missing))}",
-                "Look at why their agent did not start (srun/kubectl logs for those nodes); "
-                "every node must run preflight cluster with the same master.")
-        for r, phase in sorted(self.unresponsive.items()):
-            add(Status.FAIL, "NodeUnresponsive",
-                f"{self._name(r)} arrived but did not answer in {phase} before the deadline",
-                f"Inspect that node (ps, dmesg; the agent may be stopped or hung): ssh "
-                f"{self.arrivals.get(r, {}).get('host', 'NODE')} 'ps -eo pid,stat,cmd | grep "
-                "preflight'")
-        for r, c in sorted(self.checks.items()):
-            st = Status.parse(c["status"])
-            if st >= Status.ERROR:
-                bad = [f"{x['check']} {x['status']}: {x['message']}" for x in c["results"]
-                       if Status.parse(x["status"]) >= Status.ERROR]
-                add(st, "NodeChecksFailed", f"{self._name(r)}: " + "; ".join(bad),
-                    "Run preflight check on that node for the remedies of each check.")
-        if self.differences:
-            add(Status.FAIL, "ParityMismatch",
-                "; ".join(parity.describe(d) for d in self.differences),
-                "Make the odd node(s) match the majority (same image / venv / NCCL_* settings);"
-                " preflight fingerprint --json on two nodes, then preflight diff A B.")
-        if self.allreduce is not None and Status.parse(self.allreduce["status"]) > Status.WARN:
-            add(Status.parse(self.allreduce["status"]), "WorldAllreduce" +
-                ("Slow" if self.allreduce.get("reason") == "BusbwLow" else "Failed"),
-                f"the all-reduce over all nodes: {self.allreduce['message']}",
-                "See slow_nodes and localisation for the node to blame (docs/cluster.md).")
-        for r, why in sorted(self.slow.items()):
-            add(Status.FAIL, "SlowNode", f"{self._name(r)} is slow: {why}",
-                "Drain it and check its NIC (ethtool -S, link speed, tc qdisc show) and cables.")
-        if self.ddp is not None and self.ddp["status"] in ("fail", "error"):
-            add(Status.parse(self.ddp["status"]), "DdpWorldFailed",
-                f"DDP over every rank of every node: {self.ddp['message']}",
-                "preflight ddp on each node names a layer of its own (docs/ddp.md); between the "
-                "nodes: MASTER_ADDR, NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME on every node, a "
-                "firewall between them.")
-        if self.unmatched:
-            add(Status.FAIL, "SlowNetwork",
-                f"more suspects than good nodes ({', '.join(map(str, self.unmatched))} not "
-                "isolated): the network as a whole is slow, not one node",
-                "Check the fabric (switch ports, NCCL_SOCKET_IFNAME / NCCL_IB_HCA on all nodes).")
-        return out
-
-    def to_json(self) -> dict[str, Any]:
-        findings = self.findings()
-        if self.usage is not None:
-            status, code = Status.ERROR, ExitCode.USAGE
-            findings = [{"status": "error", "reason": "ClusterUsage", "message": self.usage,
-                         "remedy": ""}]
-        else:
-            status = worst(Status.parse(f["status"]) for f in findings)
-            code = exit_code(status)
-        nodes = []
-        for r, a in sorted(self.arrivals.items()):
-            c = self.checks.get(r)
-            st = ("fail" if r in self.slow or r in self.unresponsive
-                  or any(str(r) in d["odd_nodes"] or r in d["odd_nodes"]
-                         for d in self.differences)
-                  else c["status"] if c else "error")
-            nodes.append({"node_rank": r, "host": a.get("host"), "addr": a.get("addr"),
-                          "interface": a.get("interface"), "nproc": a.get("nproc"),
-                          "status": st, "results": c["results"] if c else [],
-                          "fingerprint_sha256": c.get("fingerprint_sha256") if c else None})
-        return {"schema_version": SCHEMA_VERSION, "mode": "cluster", "status": status.word,
-                "exit_code": int(code), "nnodes": self.nnodes, "nodes": nodes,
-                "missing_nodes": self.missing,
-                "unresponsive_nodes": [{"node_rank": r, "phase": p}
-                                       for r, p in sorted(self.unresponsive.items())],
-                "parity": {"status": "fail" if self.differences else "pass",
-                           "differences": self.differences},
-                "allreduce": self.allreduce, "slow_nodes": sorted(self.slow),
-                "localisation": {"rounds": self.rounds, "unisolated": self.unmatched},
-                "findings": findings, "store": self.store, "ddp": self.ddp,
-                "elapsed_s": round(self.elapsed_s, 3)}
-

@@ -119,7 +119,7 @@ def resolve(*, nnodes: int | None, node_rank: int | None, master_addr: str | Non
                                      master_addr)) if v is None]
     if missing:
         raise ClusterUsageError("cannot tell " + ", ".join(missing) + ": pass them, or start "
-                                "the agent under srun or torchrun (docs/cluster.md)")
+                                "the agent under srun or torchrun (preflight docs cluster)")
     assert nnodes is not None and node_rank is not None and master_addr is not None
     if nnodes < 1:
         raise ClusterUsageError(f"--nnodes must be >= 1, got {nnodes}")

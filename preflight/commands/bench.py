@@ -9,30 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from preflight.cli import Formatter, add_config_options, build_context, count_arg, emit
+from preflight.cli import Formatter, add_config_options, build_context, emit, nproc_arg, size_arg
 from preflight.core.textsafe import escape
-
-#: Most ranks one bench may start: more than any node's GPUs (NVL72 trays hold 4; HGX boards 8,
-#: 16 at most), and a bound on the processes a typo (``--nproc 100000``) can start.
-MAX_NPROC = 64
-
-
-def _size(text: str) -> int:
-    from preflight.bench.method import parse_size
-    from preflight.core.config import RANGES
-
-    largest = RANGES["bench_max_bytes"][1]  # the config's own bound
-    try:
-        size = parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if not 4 <= size <= largest:
-        raise argparse.ArgumentTypeError(f"{text!r} is {size} bytes; expected 4 bytes .. "
-                                         f"{int(largest) >> 30}G")
-    return size
-
-
-_nproc = count_arg("ranks", MAX_NPROC, "one rank per GPU; with gloo, a few CPU ranks suffice")
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -49,11 +27,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--backend", choices=("nccl", "gloo"),
                    help="nccl on GPUs (default when NVML works: with fewer than 2 GPUs visible the "
                         "test SKIPs), gloo on CPU (default without NVML)")
-    p.add_argument("--nproc", type=_nproc, metavar="N",
+    p.add_argument("--nproc", type=nproc_arg, metavar="N",
                    help="ranks (default: one per visible GPU with nccl, 2 with gloo)")
-    p.add_argument("--min-bytes", type=_size, metavar="B",
+    p.add_argument("--min-bytes", type=size_arg, metavar="B",
                    help="smallest size, bytes or 1024-based K/M/G (default bench_min_bytes, 1M)")
-    p.add_argument("--max-bytes", type=_size, metavar="B",
+    p.add_argument("--max-bytes", type=size_arg, metavar="B",
                    help="largest size (default bench_max_bytes, 1G, lowered to what GPU memory "
                         "allows; 64M with gloo)")
     p.add_argument("--min-busbw", type=float, metavar="GBPS",

@@ -119,6 +119,12 @@ class Config:
     fabric_expected_rate_gbps: float | None = None
     #: fabric: seconds between the two reads of the error counters (growth = errors now).
     fabric_counter_interval_s: float = 1.0
+    #: cluster: a node pair below this share of the typical pair is a suspect (the bar rises
+    #: towards 0.9 when the pairs agree closely; docs/cluster.md).
+    cluster_relative_floor: float = 0.8
+    #: cluster: with nccl, a run across nodes below this share of the slowest node's link
+    #: FAILs over RDMA and WARNs over sockets.
+    cluster_link_floor: float = 0.5
     #: Daemon: seconds between node-check runs.
     interval_s: float = 60.0
     #: Daemon: seconds between bandwidth tests (only when no job uses the GPUs).
@@ -344,6 +350,8 @@ RANGES: dict[str, tuple[float, float]] = {
     "xid_since_s": (0.001, 10 * 365 * _DAY_S),
     "fabric_expected_rate_gbps": (0.001, 100_000.0),
     "fabric_counter_interval_s": (0, 5.0),
+    "cluster_relative_floor": (0.05, 0.99),
+    "cluster_link_floor": (0.01, 1.0),
     "kube_fail_runs": (1, 1000),
     "kube_pass_runs": (1, 1000),
     "kube_max_marked_fraction": (0, 1.0),

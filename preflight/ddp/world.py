@@ -84,11 +84,12 @@ def cluster_step(ctx: Context, *, master_addr: str, master_port: int, node_rank:
                  iface: str | None = None) -> dict[str, Any]:
     """:func:`node_step` as ``preflight cluster``'s agent runs it: this node's ranks follow
     those of the nodes before it in ``nodes``, clients of the cluster's store at
-    ``master_addr:master_port`` under ``prefix``; gloo across nodes uses the interface of the
+    ``master_addr:master_port`` with keys under ``prefix`` (``preflight-cluster/e1/s4/ddp/``);
+    gloo across nodes uses the interface of the
     route to the master (``iface``) unless the job names one."""
     offset = sum(nproc[n] for n in nodes if n < node_rank)
     spec = WorldSpec(store_host=master_addr, store_port=master_port,
-                     store_prefix=f"preflight-cluster/{prefix}/", rank_offset=offset,
+                     store_prefix=prefix, rank_offset=offset,
                      world_size=sum(nproc[n] for n in nodes))
     env = dict(ctx.env)
     if backend == "gloo" and iface and "GLOO_SOCKET_IFNAME" not in env:

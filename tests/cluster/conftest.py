@@ -113,29 +113,49 @@ class Cluster:
             ip("-n", ns, "link", "set", "eth0", "up")
 
     def slow(self, rank: int, rate: str = "20mbit") -> None:
-        """A real token-bucket qdisc on the node's link (netem is not in the CI kernel)."""
-        subprocess.run(["ip", "netns", "exec", self.ns(rank), "tc", "qdisc", "add", "dev", "eth0",
-                        "root", "tbf", "rate", rate, "burst", "32kbit", "latency", "400ms"],
-                       check=True, timeout=10, capture_output=True)
+        """A real token-bucket qdisc on the node's link (netem is not in the CI kernel), both
+        ways: on the node's eth0 (what it sends) and on its bridge port (what it receives)."""
+        for ns, dev in ((self.ns(rank), "eth0"), (self.hub, f"v{rank}")):
+            subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev,
+                            "root", "tbf", "rate", rate, "burst", "128kb", "latency", "200ms"],
+                           check=True, timeout=10, capture_output=True)
+
+    def cap(self, rate: str) -> None:
+        """Every node's link at ``rate``: on a 2-core machine an uncapped veth measures how the
+        CPU is shared between the pairs, not a network; capped, the network is the limit, as on
+        a real fabric."""
+        for r in range(self.n):
+            self.slow(r, rate)
 
     def start(self, rank: int, *args: str, nnodes: int | None = None, node_rank: int | None = None,
-              env: Mapping[str, str] | None = None, timeout_s: float = 6) -> Agent:
+              env: Mapping[str, str] | None = None, timeout_s: float = 6, json: bool = True,
+              master: str | None = None, hostname: str | None = None) -> Agent:
         return self.run(rank, ["preflight", "cluster",
                                "--nnodes", str(self.n if nnodes is None else nnodes),
                                "--node-rank", str(rank if node_rank is None else node_rank),
-                               "--master-addr", self.addr(0), "--master-port", str(PORT),
-                               "--timeout", f"{timeout_s:g}", "--json", "--verbose", *args], env)
+                               "--master-addr", master or self.addr(0),
+                               "--master-port", str(PORT), "--timeout", f"{timeout_s:g}",
+                               *(["--json"] if json else []), "--verbose", *args], env,
+                        hostname=hostname)
 
-    def run(self, rank: int, module_args: Sequence[str], env: Mapping[str, str] | None = None
-            ) -> Agent:
+    def run(self, rank: int, module_args: Sequence[str], env: Mapping[str, str] | None = None,
+            *, hostname: str | None = None) -> Agent:
         """``python -m MODULE ARGS`` in node ``rank``'s namespaces, hostname ``node<rank>``."""
         argv = ["ip", "netns", "exec", self.ns(rank), "unshare", "--uts", "--",
-                sys.executable, "-c", LAUNCH, f"node{rank}", *module_args]
+                sys.executable, "-c", LAUNCH, hostname or f"node{rank}", *module_args]
         proc = subprocess.Popen(argv, env=clean_env(env), cwd=REPO, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         agent = Agent(rank, proc)
         self.agents.append(agent)
         return agent
+
+    def hosts(self, rank: int, text: str) -> None:
+        """Node ``rank``'s /etc/hosts (``ip netns exec`` bind-mounts /etc/netns/NS/hosts over
+        it): written in place, so a running agent's next lookup sees the new text."""
+        path = Path("/etc/netns") / self.ns(rank) / "hosts"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w") as f:  # the same inode: the bind mount keeps showing it
+            f.write(text)
 
     def pids(self, rank: int) -> list[str]:
         out = subprocess.run(["ip", "netns", "pids", self.ns(rank)], capture_output=True,
@@ -161,6 +181,7 @@ class Cluster:
         for name in [*(self.ns(r) for r in range(self.n)), self.hub]:
             subprocess.run(["ip", "netns", "del", name], timeout=10, capture_output=True,
                            check=False)
+            shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
 
 
 @pytest.fixture

@@ -39,28 +39,118 @@ def verdicts(results: list[tuple[int, str, str]]) -> list[dict[str, Any]]:
 
 def same(vs: list[dict[str, Any]]) -> dict[str, Any]:
     """Every node printed node 0's verdict."""
-    keys = ("status", "missing_nodes", "slow_nodes", "unresponsive_nodes", "parity", "findings")
+    keys = ("status", "missing_nodes", "slow_nodes", "failed_nodes", "unresponsive_nodes",
+            "parity", "findings")
     for v in vs[1:]:
         assert {k: v[k] for k in keys} == {k: vs[0][k] for k in keys}
     return vs[0]
 
 
-def test_healthy_nodes_agree(cluster: Any) -> None:
-    c: Cluster = cluster(3)
-    agents = [c.start(r) for r in range(3)]
-    results = finish_all(agents, 90)
+#: Every node's link in the bandwidth tests: on a 2-core machine an uncapped veth measures how the
+#: CPU is shared between the pairs, not a network (Cluster.cap).
+LINK = "200mbit"
+SLOWED = "40mbit"
+
+
+#: Eight agents and their workers on a 2-core CI machine: about a minute; more when it is shared.
+EIGHT_NODES = pytest.mark.timeout(600)
+
+
+@EIGHT_NODES
+def test_eight_healthy_nodes_agree_and_none_is_named(cluster: Any) -> None:
+    c: Cluster = cluster(8)
+    c.cap(LINK)
+    agents = [c.start(r, timeout_s=20) for r in range(8)]
+    results = finish_all(agents, 300)
     v = same(verdicts(results))
-    assert [rc for rc, _, _ in results] == [0, 0, 0], v["findings"]
-    assert v["status"] in ("pass", "warn")
-    assert sorted(n["host"] for n in v["nodes"]) == ["node0", "node1", "node2"]
-    assert [n["addr"] for n in v["nodes"]] == [c.addr(r) for r in range(3)]
-    assert v["missing_nodes"] == [] and v["slow_nodes"] == []
+    assert [rc for rc, _, _ in results] == [0] * 8, v["findings"]
+    assert v["status"] == "pass", v["findings"]
+    assert sorted(n["host"] for n in v["nodes"]) == [f"node{r}" for r in range(8)]
+    assert [n["addr"] for n in v["nodes"]] == [c.addr(r) for r in range(8)]
+    assert v["missing_nodes"] == [] and v["slow_nodes"] == [] and v["failed_nodes"] == []
     assert v["parity"] == {"status": "pass", "differences": []}
+    # The agents were given --master-addr: the network check judged the route to it.
+    assert all("network" not in " ".join(n["why"]) for n in v["nodes"]), v["nodes"]
+    link = v["nodes"][0]["link"]
+    assert (link["transport"], link["gbps"], link["virtual"]) == ("socket", 10.0, True)
     ar = v["allreduce"]
-    assert (ar["world_size"], ar["backend"], ar["status"]) == (3, "gloo", "pass")
+    assert (ar["world_size"], ar["backend"], ar["status"]) == (8, "gloo", "pass")
     assert ar["rows"][0]["correct"] is True and ar["busbw_gbps"] > 0
-    assert not any(c.pids(r) for r in range(3))
+    rounds = v["localisation"]["rounds"]
+    assert rounds[0]["round"] == "pairs"
+    assert [g["nodes"] for g in rounds[0]["groups"]] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert not any(c.pids(r) for r in range(8))
     assert not c.port_bound(0)
+
+
+HOSTILE = "n5\x1b[2J;$(touch /tmp/pfc-pwned)\r\nFAKE"
+
+
+@EIGHT_NODES
+def test_two_slowed_nodes_of_eight_are_named_with_no_floor_given(cluster: Any) -> None:
+    """No --min-busbw: the pairs are judged against each other, the suspects confirmed against
+    a good node. Node 5 has a hostname made to forge lines and inject shell."""
+    c: Cluster = cluster(8)
+    c.cap(LINK)
+    for r in (2, 5):
+        c.slow(r, SLOWED)
+    agents = [c.start(r, timeout_s=20, json=r != 0, hostname=HOSTILE if r == 5 else None)
+              for r in range(8)]
+    results = finish_all(agents, 300)
+    assert [rc for rc, _, _ in results] == [1] * 8, [err[-500:] for _, _, err in results]
+    vs = verdicts(results[1:])
+    v = same(vs)
+    assert (v["slow_nodes"], v["failed_nodes"]) == ([2, 5], []), v["findings"]
+    assert [f["reason"] for f in v["findings"]] == ["SlowNode", "SlowNode"], v["findings"]
+    # Node 0 prints the table (the others get the verdict without the rounds and the rows):
+    # every peer's text escaped, the remedy quoted for the shell.
+    table = results[0][1]
+    rounds = [ln.split(" ")[1] for ln in table.splitlines() if ln.startswith("round ")]
+    assert rounds == ["pairs", "confirm"], table
+    assert "\x1b" not in table and "\r" not in table
+    assert "n5\\e[2J;$(touch /tmp/pfc-pwned)\\r\\nFAKE" in table
+    slow5 = next(ln for ln in table.splitlines() if ln.startswith("FAIL SlowNode: node 5"))
+    remedy = table.splitlines()[table.splitlines().index(slow5) + 1]
+    assert remedy.startswith("  remedy: ") and f"ssh {c.addr(5)} 'ethtool eth0; " in remedy
+    assert "touch" not in remedy
+    assert not Path("/tmp/pfc-pwned").exists()
+
+
+@pytest.mark.timeout(400)
+def test_a_node_whose_workers_cannot_start_is_named_failed_not_slow(cluster: Any) -> None:
+    c: Cluster = cluster(3)
+    c.cap(LINK)
+    agents = [c.start(r, timeout_s=6, env={"GLOO_SOCKET_IFNAME": "eth9"} if r == 2 else None)
+              for r in range(3)]
+    results = finish_all(agents, 300)
+    v = same(verdicts(results))
+    assert [rc for rc, _, _ in results] == [1, 1, 1]
+    assert (v["failed_nodes"], v["slow_nodes"]) == ([2], []), v["findings"]
+    reasons = [f["reason"] for f in v["findings"]]
+    assert "SlowNetwork" not in reasons and "SlowNode" not in reasons, reasons
+    failed = next(f for f in v["findings"] if f["reason"] == "NodeFailed")
+    assert failed["message"].startswith("node 2 (node2) failed (not slow)")
+    assert "eth9" in failed["message"]  # what gloo said
+    assert v["allreduce"]["reason"] == "AllreduceFailed"
+    row = {n["node_rank"]: n for n in v["nodes"]}[2]
+    assert "failed (all-reduce)" in row["why"] and "network fail GlooIfnameMissing" in row["why"]
+    assert not any(c.pids(r) for r in range(3))
+
+
+def test_a_master_name_that_resolves_late_is_waited_for(cluster: Any) -> None:
+    """Pod 0 of a gang that is not in DNS yet: every node retries until --timeout."""
+    c: Cluster = cluster(2)
+    for r in range(2):
+        c.hosts(r, "127.0.0.1 localhost\n")
+    agents = [c.start(r, "--no-bandwidth", timeout_s=30, master="trainer-0.pfc-test")
+              for r in range(2)]
+    time.sleep(8)
+    for r in range(2):
+        c.hosts(r, f"127.0.0.1 localhost\n{c.addr(0)} trainer-0.pfc-test\n")
+    results = finish_all(agents, 120)
+    v = same(verdicts(results))
+    assert [rc for rc, _, _ in results] == [0, 0], v["findings"]
+    assert v["status"] == "pass"
 
 
 def test_node_that_never_starts_is_named_within_the_deadline(cluster: Any) -> None:
@@ -75,24 +165,6 @@ def test_node_that_never_starts_is_named_within_the_deadline(cluster: Any) -> No
     assert v["findings"][0]["reason"] == "NodesMissing"
     assert "node rank(s) 2" in v["findings"][0]["message"]
     assert elapsed < 4 + 25, elapsed  # the arrival deadline, plus start-up on a loaded machine
-
-
-def test_slow_link_is_named(cluster: Any) -> None:
-    c: Cluster = cluster(4)
-    c.slow(2)
-    agents = [c.start(r, "--min-busbw", "0.01", "--size", "1M", timeout_s=20) for r in range(4)]
-    results = finish_all(agents, 240)
-    v = same(verdicts(results))
-    assert [rc for rc, _, _ in results] == [1, 1, 1, 1], v["findings"]
-    assert v["slow_nodes"] == [2], v["localisation"]
-    assert v["allreduce"]["reason"] == "BusbwLow"
-    rounds = {r["round"]: r for r in v["localisation"]["rounds"]}
-    assert set(rounds) == {"pairs", "suspects"}  # one CPU rank per node: no intra round
-    pair = {tuple(g["nodes"]): g for g in rounds["pairs"]["groups"]}
-    assert pair[(2, 3)]["busbw_gbps"] < 0.01 <= pair[(0, 1)]["busbw_gbps"]
-    suspects = {tuple(g["nodes"]): g["status"] for g in rounds["suspects"]["groups"]}
-    assert suspects[(2, 0)] == "fail" and suspects[(3, 1)] == "pass"
-    assert "node 2 (node2) is slow" in json.dumps(v["findings"])
 
 
 def test_different_package_version_is_named(cluster: Any, tmp_path: Path) -> None:
@@ -143,6 +215,7 @@ def test_stopped_or_killed_agent_is_named_and_nothing_is_left(cluster: Any, sig:
     assert not any(c.pids(r) for r in range(3))
 
 
+@pytest.mark.timeout(400)
 def test_stalled_rank_is_named_with_its_node_and_device(cluster: Any) -> None:
     c: Cluster = cluster(3)
     agents = [c.start(r, timeout_s=6) for r in range(3)]
@@ -196,10 +269,10 @@ def test_under_torchrun_the_agents_share_torchruns_store(cluster: Any) -> None:
                         "29500", "-m", "preflight", "cluster", "--timeout", "10", "--json"])
               for r in range(2)]
     results = finish_all(agents, 120)
-    for rc, out, err in results:
+    for rank, (rc, out, err) in enumerate(results):
         assert rc == 0, err
         v = json.loads(out[out.index("{"):])
         assert v["status"] in ("pass", "warn"), v["findings"]
-        assert [n["host"] for n in v["nodes"]] == ["node0", "node1"]
+        assert [n["host"] for n in v["nodes"]] == (["node0", "node1"] if rank == 0 else [])
         assert v["allreduce"]["world_size"] == 2 and v["allreduce"]["status"] == "pass"
     assert not any(c.pids(r) for r in range(2))

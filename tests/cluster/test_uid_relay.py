@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 
 from preflight.bench.parent import UID_KEY, BenchOptions, RunRecord, WorldSpec, run_workers
-from preflight.cluster.agent import choose_engine
-from preflight.cluster.store import PREFIX, GroupRelay, Rendezvous
+from preflight.cluster.facts import choose_engine
+from preflight.cluster.store import BASE as PREFIX
+from preflight.cluster.store import GroupRelay, Rendezvous
 from tests.cluster.conftest import REPO
 
 torch_dist = pytest.importorskip("torch.distributed")
@@ -128,7 +129,7 @@ def test_unique_id_goes_from_node_0_through_the_store_to_the_other_node(
     assert [(r, g["local_rank"], g["world"]) for r, g in got.items()] == [
         (0, 0, 3), (1, 1, 3), (2, 0, 3)]
     # What node 0's parent published is in the cluster's store, under the group's prefix.
-    assert client(store).get(prefix + UID_KEY) == uid
+    assert client(store).get(prefix + UID_KEY, "uid") == uid
     assert {st.engine for rec in records.values() for st in rec.ranks} == {"nccl4py"}
 
 

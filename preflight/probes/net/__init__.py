@@ -30,6 +30,7 @@ from preflight.probes.net.interfaces import (
     NetIf,
     NetSnapshot,
     make_snapshot,
+    parse_speed,
     probe_interfaces,
 )
 from preflight.probes.net.names import resolve_host, route_source, with_deadline
@@ -45,6 +46,6 @@ from preflight.probes.net.probe import FixtureNetProbe, LiveNetProbe, NetProbe
 
 __all__ = ["IFF_LOOPBACK", "IFF_RUNNING", "IFF_UP", "FixtureNetProbe", "IbPort", "IbSnapshot",
            "IfAddr", "LiveNetProbe", "NetIf", "NetProbe", "NetSnapshot", "PortHolder",
-           "ancestor_pids", "free_port_near", "make_snapshot", "port_holders", "probe_ib",
-           "probe_interfaces", "resolve_host", "route_source", "tcp_connect", "try_listen",
-           "with_deadline"]
+           "ancestor_pids", "free_port_near", "make_snapshot", "parse_speed", "port_holders",
+           "probe_ib", "probe_interfaces", "resolve_host", "route_source", "tcp_connect",
+           "try_listen", "with_deadline"]

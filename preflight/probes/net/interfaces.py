@@ -12,6 +12,7 @@ import socket
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 # <linux/sockios.h> and <net/if.h>
@@ -52,6 +53,10 @@ class NetIf:
         loopback: IFF_LOOPBACK.
         mtu: bytes, None when the ioctl failed.
         addresses: (family, address, netmask) for IPv4/IPv6, in getifaddrs order.
+        speed_mbps: ``/sys/class/net/<name>/speed`` (Mb/s); None when the kernel does not know
+            (-1, EINVAL: no carrier, loopback) or the file is missing.
+        physical: whether ``/sys/class/net/<name>/device`` exists (a NIC, not a veth, bridge or
+            bond: a software interface reports a nominal speed); None when not read.
     """
 
     name: str
@@ -60,6 +65,8 @@ class NetIf:
     loopback: bool
     mtu: int | None
     addresses: tuple[tuple[int, str, str | None], ...]
+    speed_mbps: int | None = None
+    physical: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -113,8 +120,11 @@ def probe_interfaces() -> NetSnapshot:
                 for a in info.get(family, []):
                     if "addr" in a:
                         addrs.append((family, a["addr"].split("%", 1)[0], a.get("netmask")))
+            sys_dir = Path("/sys/class/net") / name
             interfaces.append(NetIf(name, bool(flags & IFF_UP), bool(flags & IFF_RUNNING),
-                                    bool(flags & IFF_LOOPBACK), mtu, tuple(addrs)))
+                                    bool(flags & IFF_LOOPBACK), mtu, tuple(addrs),
+                                    parse_speed(_read(sys_dir / "speed")),
+                                    (sys_dir / "device").exists()))
     gateways: dict[int, tuple[str, ...]] = {}
     with contextlib.suppress(OSError, ValueError, KeyError):
         raw = netifaces.gateways()
@@ -122,6 +132,22 @@ def probe_interfaces() -> NetSnapshot:
             routes: Any = raw.get(family, [])
             gateways[family] = tuple(str(g[1]) for g in routes if len(g) > 2 and g[2])
     return make_snapshot(interfaces, gateways)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")[:64]
+    except OSError:
+        return ""
+
+
+def parse_speed(text: str) -> int | None:
+    """``/sys/class/net/IF/speed`` text -> Mb/s; None for -1, empty (EINVAL) or junk."""
+    raw = text.strip()
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 9:
+        return None
+    value = int(raw)
+    return value if value > 0 else None
 
 
 def make_snapshot(interfaces: Sequence[NetIf],

@@ -66,10 +66,12 @@ def socket_link(snap: NetSnapshot, names: tuple[str, ...], how: str) -> wire.Lin
     """The link of the socket interfaces ``names``: the slowest one's speed x their count."""
     ifs = [snap.get(n) for n in dict.fromkeys(names)]
     known = [i for i in ifs if i is not None]
-    if not names or len(known) < len(ifs) or any(i.speed_mbps is None for i in known):
+    if not names:
+        return wire.Link("socket", None, f"{how}: no interface selected, so no link speed")
+    if len(known) < len(ifs) or any(i.speed_mbps is None for i in known):
         unknown = [n for n, i in zip(names, ifs, strict=True) if i is None or i.speed_mbps is None]
-        return wire.Link("socket", None, f"{how}: speed of {', '.join(unknown) or 'none'} "
-                         "unknown (/sys/class/net/IF/speed)")
+        return wire.Link("socket", None, f"{how}: speed of {', '.join(unknown)} unknown "
+                         "(/sys/class/net/IF/speed)")
     slowest = min(i.speed_mbps or 0 for i in known)
     gbps = slowest * len(known) / 1000
     parts = ", ".join(f"{i.name} {i.speed_mbps} Mb/s" for i in known)

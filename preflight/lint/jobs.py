@@ -58,13 +58,16 @@ def usable_cpus() -> int:
     return max(1, cpus)
 
 
-def _worker_init(parent: int) -> None:
+def _worker_init(parent: int | None) -> None:
+    """In each worker: Ctrl-C ignored, killed when its parent dies. ``parent``: the process
+    that forked it, or None when a fork server did (its parent is then that server, which ends
+    when the main process does)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        os._exit(3)
+    if parent is not None and os.getppid() != parent:
+        os._exit(3)  # the parent died before the death signal was asked for
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -137,9 +140,11 @@ class Dispatcher(Generic[R]):
     def _start(self) -> None:
         try:
             self._undo_key = aborting.register(self._kill)
+            context = _context()
+            forked = context.get_start_method() == "fork"
             self._pool = cf.ProcessPoolExecutor(
-                max_workers=self.jobs, mp_context=_context(), initializer=_worker_init,
-                initargs=(os.getpid(),))
+                max_workers=self.jobs, mp_context=context, initializer=_worker_init,
+                initargs=(os.getpid() if forked else None,))
         except (OSError, aborting.Aborted):  # no processes to be had: lint here
             self._broken = True
             self.close()

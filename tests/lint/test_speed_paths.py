@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 import weakref
 from pathlib import Path
 
@@ -134,6 +135,25 @@ def test_the_pool_runs_in_other_processes_and_only_for_enough_files() -> None:
     assert sorted(seen) == list(range(200))
     assert os.getpid() not in seen.values()
     assert multiprocessing.active_children() == []
+
+
+def test_the_pool_works_when_the_process_has_other_threads() -> None:
+    """With a second thread fork is unsafe, so the pool starts its workers from a fork server
+    (a program that uses lint as a library, or the flake8 plugin): they lint, as forked ones do."""
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    try:
+        seen: dict[int, int] = {}
+        many = Dispatcher(2, _pid_of, seen.__setitem__, lambda i, r: None)
+        for i in range(200):
+            many.add(i, (f"f{i}", b""))
+        many.finish()
+    finally:
+        stop.set()
+        other.join()
+    assert sorted(seen) == list(range(200))
+    assert os.getpid() not in seen.values()
 
 
 def test_a_worker_that_dies_costs_only_its_files() -> None:

@@ -35,7 +35,7 @@ from preflight.core.context import Context
 from preflight.core.result import Result, Scope, Status
 from preflight.core.textsafe import escape
 from preflight.core.units import fmt_bytes
-from preflight.probes.holders import FileId, Holder, HolderScan, Wanted, find_holders
+from preflight.probes.holders import FileId, Held, Holder, HolderScan, Wanted, find_holders
 
 NAME = "shm"
 #: Bytes of one NCCL SHM connection (NCCL's SHM transport allocates one per channel per peer).
@@ -99,9 +99,16 @@ def list_files(path: Path, *, skip: str = "", limit: int = MAX_LISTED
     return files, True
 
 
+def _held_bytes(held: Held, listed: dict[FileId, Listed]) -> int:
+    """The space one held file takes: what the holder's mapping says, else its listed size."""
+    if held.bytes is not None:
+        return held.bytes
+    item = listed.get(held.file)
+    return item.bytes if item is not None else 0
+
+
 def _holder_bytes(holder: Holder, listed: dict[FileId, Listed]) -> int:
-    return sum(h.bytes if h.bytes is not None else
-               listed[h.file].bytes if h.file in listed else 0 for h in holder.files)
+    return sum(_held_bytes(h, listed) for h in holder.files)
 
 
 def _count(n: int, noun: str) -> str:
@@ -122,8 +129,7 @@ def _pressure(ctx: Context, path: Path, *, size: int, free: int, need: int, for_
                                     deadline_s=ctx.config.check_timeout_s / 2,
                                     skip_pids=(os.getpid(),))
     held = scan.held()
-    held_bytes = sum(h.bytes if h.bytes is not None else
-                     listed[f].bytes if f in listed else 0 for f, h in held.items())
+    held_bytes = sum(_held_bytes(h, listed) for h in held.values())
     leftovers = sorted((item for f, item in listed.items() if f not in held),
                        key=lambda item: (-item.bytes, item.path))
     leftover_bytes = sum(item.bytes for item in leftovers)

@@ -203,6 +203,10 @@ def connect(opts: ClusterOptions, *, hosting: bool, until: float) -> Any:
             last = why_silent(opts.master_addr, opts.master_port)
         except Exception as exc:  # torch raises DistNetworkError / RuntimeError subclasses
             last = " ".join(str(exc).split())[:300]
+            if not hosting and "timed out" in last:
+                # TCPStore's retries end at a random moment, sometimes inside our own wait: the
+                # same silence as above, and the port says which it was.
+                last = why_silent(opts.master_addr, opts.master_port)
             left = until - time.monotonic()
             if hosting and (time.monotonic() - started >= BIND_RETRY_S
                             or left <= RETRY_PAUSE_S):

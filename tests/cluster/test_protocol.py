@@ -284,3 +284,21 @@ def test_render_of_a_follower_is_one_line(port: int) -> None:
     line = render(out.verdicts[2], full=True, node_rank=2)
     assert "\n" not in line and line.startswith("node 2: cluster FAIL: 3/3 nodes, slow: 1")
 
+
+
+def test_a_store_that_gives_up_by_itself_still_says_why_the_master_is_silent(
+        port: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TCPStore's connect retries end at a random moment, sometimes before our own wait does:
+    its own "timed out" is then the answer, and the port is asked which silence it was."""
+    from preflight.cluster import store
+
+    def gives_up(*_a: Any, **_k: Any) -> Any:
+        raise torch_dist.DistNetworkError(  # type: ignore[attr-defined]
+            f"The client socket has timed out after 1988ms while trying to connect to "
+            f"(127.0.0.1, {port}).")
+
+    monkeypatch.setattr(torch_dist, "TCPStore", gives_up)
+    with pytest.raises(MasterLost) as got:
+        store.connect(options(1, 2, port, 1.0), hosting=False, until=time.monotonic() + 1.0)
+    assert "nothing listens on that port: connection refused" in str(got.value)
+    assert "did not answer within 1 s" in str(got.value)

@@ -61,10 +61,11 @@ class Prestarted:
             read_fd, write_fd = os.pipe()
             st.spawned_wall = time.time()
             argv = procs.argv_for(python, plan, write_fd)
+            self.workers.append(st)  # before it starts: the undo above must see it
             if procs.launch(st, argv, pipe=(read_fd, write_fd), env=env_for, log_dir=self.log_dir,
                             sel=self.sel, logs=self.logs) is not None:
+                self.workers.pop()
                 break  # it cannot start: the run will say so when it starts its own
-            self.workers.append(st)
 
     def fits(self, opts: RunOptions) -> bool:
         return (not self.taken and opts.python == self.python

@@ -54,17 +54,16 @@ def launch(st: WorkerState, argv: Sequence[str], *, pipe: tuple[int, int],
     output in ``log_dir/rank<N>.log``; register the read end in ``sel`` with ``st`` as data.
     Returns the OSError when it cannot start."""
     read_fd, write_fd = pipe
-    if aborting.aborted():  # the run's undo has run already: it would miss this worker
-        os.close(read_fd)
-        os.close(write_fd)
-        return aborting.Aborted("preflight is being stopped by a signal")
     log = open(Path(log_dir) / f"rank{st.rank}.log", "wb")  # noqa: SIM115 - closed by the caller
     logs.append(log)
     try:
-        st.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=log,
-                                   stderr=subprocess.STDOUT, env=dict(env), pass_fds=(write_fd,),
-                                   start_new_session=True, close_fds=True)
-    except OSError as exc:
+        # A signal meanwhile waits until st.proc is set: the run's undo then kills this worker.
+        with aborting.starting():
+            st.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=log,
+                                       stderr=subprocess.STDOUT, env=dict(env),
+                                       pass_fds=(write_fd,), start_new_session=True,
+                                       close_fds=True)
+    except OSError as exc:  # Aborted included: the run's undo has run already
         os.close(read_fd)
         return exc
     finally:

@@ -60,19 +60,23 @@ def run_in_group(argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str
         GroupTimeout: the deadline passed (the group is dead when this is raised).
         OSError: the program cannot be started (FileNotFoundError, PermissionError...).
     """
-    if aborting.aborted():
-        raise aborting.Aborted(f"not starting {argv[0]}: preflight is being stopped by a signal")
-    proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE if input_bytes is not None
-                            else subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=dict(env) if env is not None else None,
-                            start_new_session=True)
-    # Its own session is out of reach of a signal to preflight: a SIGTERM kills the group here.
+    # Its own session is out of reach of a signal to preflight: a SIGTERM kills the group here,
+    # and one that comes while it starts waits until that undo is on record.
     try:
-        undo = aborting.register(lambda: _kill_group(proc.pid))
-    except aborting.Aborted:
-        _kill_group(proc.pid)
-        proc.wait()
-        raise
+        with aborting.starting():
+            proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE if input_bytes is not None
+                                    else subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE,
+                                    env=dict(env) if env is not None else None,
+                                    start_new_session=True)
+            try:
+                undo = aborting.register(lambda: _kill_group(proc.pid))
+            except aborting.Aborted:  # the signal came while it started
+                _kill_group(proc.pid)
+                proc.wait()
+                raise
+    except aborting.Aborted as exc:
+        raise aborting.Aborted(f"not starting {argv[0]}: {exc}") from None
     try:
         if input_bytes is None:
             # Judged by the helper's own exit: a grandchild it left holding the pipes (an

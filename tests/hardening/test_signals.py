@@ -178,3 +178,46 @@ def test_abort_kills_a_helper_process_group_and_none_starts_after(fresh: None) -
     assert got == [-signal.SIGKILL] and time.monotonic() - started < 40  # the helper sleeps 60 s
     with pytest.raises(aborting.Aborted):
         run_in_group(["true"], timeout_s=5)
+
+
+_STARTING = r"""
+import os, signal, subprocess, sys, threading, time
+from preflight.core import aborting
+kids = []
+aborting.register(lambda: [os.killpg(p.pid, signal.SIGKILL) for p in kids])
+
+def start():
+    with aborting.starting():
+        p = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        print(p.pid, flush=True)
+        time.sleep(1.0)  # the signal comes while the child is not yet on record
+        kids.append(p)
+    time.sleep(60)
+
+with aborting.undo_on_signals():
+    if sys.argv[1] == "thread":
+        t = threading.Thread(target=start, daemon=True)
+        t.start()
+        t.join()
+    else:
+        start()
+"""
+
+
+@pytest.mark.parametrize("where", ["thread", "main"])
+def test_a_signal_while_a_process_starts_waits_until_its_undo_can_see_it(where: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", _STARTING, where], env=env,
+                            stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        child = psutil.Process(int(proc.stdout.readline()))
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == -signal.SIGTERM
+        assert time.monotonic() - t0 > 0.5  # it waited for the child to be on record
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    _, alive = psutil.wait_procs([child], timeout=5)
+    assert alive == [], "the child started during the signal outlived preflight"

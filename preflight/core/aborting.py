@@ -8,10 +8,10 @@ directory in /tmp or a segment in /dev/shm behind. Code that starts such things 
 undo them for as long as they exist (:func:`register` / :func:`unregister`), and starts them
 inside :func:`starting`: a child exists before ``Popen`` returns, so a signal that comes meanwhile
 waits until the undo can see it. The CLI runs every command inside :func:`undo_on_signals`,
-which on the signal calls :func:`abort` and then ends the process as the signal would have (killed by it, as a prolog's caller expects); it calls
-:func:`abort` itself on Ctrl-C and :func:`undo_abandoned` when a command returns. After
-:func:`abort` nothing new may be registered: a thread about to start a worker gets :class:`Aborted`
-instead.
+which on the signal calls :func:`abort` and then ends the process as the signal would have
+(killed by it, as a prolog's caller expects); it calls :func:`abort` itself on Ctrl-C and
+:func:`undo_abandoned` when a command returns. After :func:`abort` nothing new may be registered:
+a thread about to start a worker gets :class:`Aborted` instead.
 
 SIGKILL cannot be caught: the workers then die with their parent (Linux PR_SET_PDEATHSIG, set by
 each worker), only the scratch directories stay.

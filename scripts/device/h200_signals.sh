@@ -59,6 +59,10 @@ done
 case_ "speed-stopped-KILL" KILL 'bench/worker/start.py' 1.5 \
   env PREFLIGHT_GPUSPEED_TEST_STALL="$BUS:d2d" "${P[@]}" check --only gpu_speed --json
 rm -rf "${TMPDIR:?}"/preflight-*  # SIGKILL leaves the directory (documented); the next case starts clean
+# SIGTERM the moment a worker shows in ps: it may still be inside Popen (core/aborting.starting).
+for i in 1 2 3; do
+  case_ "speed-starting-TERM-$i" TERM 'bench/worker/start.py' 0 "${P[@]}" check --only gpu_speed --json
+done
 # gpu_speed live: SIGTERM while it initialises the context / measures.
 case_ "speed-live-TERM" TERM 'bench/worker/start.py' 0.4 "${P[@]}" check --only gpu_speed --json
 # The all-reduce (nccl4py, one rank) in the check's thread: SIGTERM during import / NCCL init.

@@ -243,6 +243,8 @@ class ChildRunner:
         base = dict(os.environ if env is None else env)
         self.env = {k: v for k, v in base.items() if k not in NOTIFY_VARS}
         self._proc: subprocess.Popen[bytes] | None = None
+        #: set by :meth:`kill` (the daemon is stopping): no run starts after it
+        self._killed = False
         self._lock = threading.Lock()
 
     def default_argv(self, kind: RunKind, config: Config) -> list[str]:
@@ -258,23 +260,30 @@ class ChildRunner:
         argv = list(self.argv_for(kind, config))
         deadline = run_deadline_s(kind, config, self.grace_s)
         started = time.monotonic()
-        try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, env=self.env,
-                                    start_new_session=True)
-        except OSError as exc:
-            return failed_report(expected, reason="RunFailed",
-                                 message=f"cannot start the check process {argv[0]}: {exc}",
-                                 remedy="Reinstall preflight; the daemon's interpreter must be "
-                                        "able to run `python -m preflight check`.",
-                                 details={"argv": argv}, duration_s=0.0)
+        # Started and recorded under the lock: a kill() meanwhile (the daemon stopping) waits
+        # for it and then kills its group, instead of missing a child that is not yet recorded.
+        with self._lock:
+            if self._killed:
+                return failed_report(expected, reason="RunFailed",
+                                     message="the daemon is stopping: no check run started",
+                                     remedy="None needed; the daemon was told to stop.",
+                                     details={}, duration_s=0.0)
+            try:
+                proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, env=self.env,
+                                        start_new_session=True)
+            except OSError as exc:
+                return failed_report(expected, reason="RunFailed",
+                                     message=f"cannot start the check process {argv[0]}: {exc}",
+                                     remedy="Reinstall preflight; the daemon's interpreter must "
+                                            "be able to run `python -m preflight check`.",
+                                     details={"argv": argv}, duration_s=0.0)
+            self._proc = proc
         # The node checks are background work on a training node: at nice CHILD_NICE they yield
         # the CPU to the job's data loaders and to this daemon's own scrapes. (The bandwidth test
         # runs only when no job uses the GPUs; its workers inherit the same niceness.)
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, proc.pid, CHILD_NICE)
-        with self._lock:
-            self._proc = proc
         try:
             out = self._read(proc, config_text(config).encode(), started + deadline)
         finally:
@@ -420,6 +429,7 @@ class ChildRunner:
 
     def kill(self) -> None:
         with self._lock:
+            self._killed = True
             proc = self._proc
         if proc is not None:
             self._kill_group(proc)

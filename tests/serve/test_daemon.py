@@ -317,3 +317,37 @@ def test_check_runs_yield_the_cpu_to_the_node_s_job(tmp_path: Path) -> None:
     beta = report.result("beta")
     assert beta is not None, report
     assert beta.message == f"nice {min(19, os.nice(0) + CHILD_NICE)}"
+
+
+def test_a_stop_while_a_check_run_starts_kills_it_and_no_run_starts_after(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child exists before Popen returns: a stop in that window must still kill it (it runs
+    in a session of its own and would outlive the daemon), and no later run may start."""
+    import subprocess
+
+    from preflight.daemon import child
+
+    real = subprocess.Popen
+    started: list[int] = []
+    in_popen = threading.Event()
+
+    def slow_popen(*a: object, **k: object) -> subprocess.Popen[bytes]:
+        proc = real(*a, **k)  # type: ignore[call-overload]
+        started.append(proc.pid)
+        in_popen.set()
+        time.sleep(0.5)  # the window: the child runs, the runner has not recorded it
+        return proc  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(child.subprocess, "Popen", slow_popen)
+    runner = ChildRunner(argv_for=lambda kind, cfg: ["sleep", "30"], grace_s=30)
+    got: list[Report] = []
+    t = threading.Thread(target=lambda: got.append(runner(RunKind.NODE, config(), list(KNOWN))))
+    t0 = time.monotonic()
+    t.start()
+    assert in_popen.wait(10)
+    runner.kill()
+    t.join(20)
+    assert not t.is_alive() and time.monotonic() - t0 < 10  # not the child's 30 s
+    assert not pid_alive(started[0])
+    again = runner(RunKind.NODE, config(), list(KNOWN))
+    assert len(started) == 1 and "the daemon is stopping" in again.results[0].message

@@ -37,7 +37,9 @@ def test_real_scrape_is_clean_for_promtool(serve: Serve) -> None:
     assert m["preflight_last_run_timestamp_seconds"] > time.time() - 60
     # the allreduce check exists, but a job holds GPU 0: no bandwidth test
     # The wording of bench.gate.blocker, shared with the allreduce check's SKIP.
-    assert "bandwidth test deferred: compute processes use the GPUs: GPU 0 (pid 1)" in sp.log()
+    # Logged after the node run is counted (the GPU-use query comes between): wait for it.
+    deferred = "bandwidth test deferred: compute processes use the GPUs: GPU 0 (pid 1)"
+    wait_for(lambda: deferred in sp.log(), timeout_s=20, what="the deferral in the log")
     assert m["preflight_allreduce_last_run_timestamp_seconds"] == 0
     text = get(f"{sp.url}/metrics").body
     if PROMTOOL is None:

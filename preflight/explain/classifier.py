@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from preflight.explain.blocks import decode, hit_starts, last_lines, lines_above, lines_from
 from preflight.explain.facts import HOOKS, MAX_RANKS, Acc, LogFacts, tier_of
 from preflight.explain.matching import (
-    frame_function,
+    FRAMES,
+    collective_frame,
+    frame_call,
     last_error_detail,
     match_frame,
     match_line,
@@ -41,6 +43,9 @@ MAX_EVIDENCE = 5
 MAX_EVIDENCE_CHARS = 400
 #: Lines after / before NCCL's "Last error:" examined for its detail.
 DETAIL_AFTER, DETAIL_BEFORE = 4, 2
+#: How many lines after a collective's traceback frame its exception line may come (the frames
+#: below it, the source lines, a chained "During handling" block).
+COLLECTIVE_SPAN = 40
 _FILE_RANK = re.compile(r"(?:rank[_-]?|attempt_\d{1,5}/)(\d{1,7})(?:\D|$)")
 
 
@@ -78,6 +83,7 @@ class Classifier:
         self._tail: list[tuple[int, str]] = []
         self._frame_wait: tuple[str, int, str] | None = None
         self._frames: dict[int | None, _Frame] = {}
+        self._collective: tuple[int, str] | None = None
         self.facts = LogFacts()
         self._progress = ProgressTracker(MAX_RANKS, self.facts.see)
         self._nccl_capped = 0
@@ -102,6 +108,7 @@ class Classifier:
         self._detail_pending = 0
         self._tail = []
         self._frame_wait = None
+        self._collective = None
 
     def count_source(self, source: str) -> None:
         """Name a source read elsewhere (a flight recorder dump) among those read."""
@@ -139,9 +146,13 @@ class Classifier:
                 self._follow_lines(block, end + 1, line_no + 2, follow)
             if "Last error" in text:
                 self._detail_window(block, start, end, line_no + 1, visited)
-            function = frame_function(text)
-            if function is not None:
-                self._frame_source(block, end + 1, function, line_no + 1, text)
+            call = frame_call(text)
+            if call is not None:
+                inside = collective_frame(call)
+                if inside is not None:
+                    self._collective = (line_no + 1, call[1]) if inside else None
+                if call[1] in FRAMES:
+                    self._frame_source(block, end + 1, call[1], line_no + 1, text)
         self._tail = [(self._base + block.count(b"\n", 0, off) + 1, text)
                       for off, text in last_lines(block, DETAIL_BEFORE) if off not in visited]
         self._progress.track(block, self._source_rank, decode)
@@ -251,6 +262,12 @@ class Classifier:
               evidence: str | None = None) -> list[tuple[Acc, int]]:
         rule, pat, m = hit
         groups = {k: v for k, v in m.groupdict().items() if v is not None}
+        template = pat.message
+        op = self._in_collective(line_no)
+        if pat.in_collective is not None and op is not None:
+            reason, template = pat.in_collective
+            rule = BY_REASON[reason]
+            groups["op"] = op
         keep, fallback = HOOKS[rule.hook].accept(self.facts, groups, pat, line_no)
         if not keep:
             return []
@@ -261,9 +278,9 @@ class Classifier:
             rank = fallback
         self._commit_frame(rank)
         try:
-            message = pat.message.format(**groups)
+            message = template.format(**groups)
         except (KeyError, IndexError):
-            message = pat.message
+            message = template
         acc = self._count(rule, pat, pat.layer or rule.layer, message, line_no)
         self._evidence(acc, line_no, evidence or text, self.max_evidence)
         if rank is not None:
@@ -290,6 +307,13 @@ class Classifier:
         if len(acc.messages) < 3:
             acc.messages[message] = None
         return acc
+
+    def _in_collective(self, line_no: int) -> str | None:
+        """The collective whose traceback frame came just above ``line_no``, if one did."""
+        if self._collective is None:
+            return None
+        at, op = self._collective
+        return op if 0 < line_no - at <= COLLECTIVE_SPAN else None
 
     def _commit_frames(self) -> None:
         """Count every rank's pending traceback frame (a source or the input ended)."""

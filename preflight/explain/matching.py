@@ -10,6 +10,7 @@ import re
 
 from preflight.explain.ranks import MAX_MATCH_CHARS
 from preflight.explain.rules import RULES, Frame, Pattern, Rule
+from preflight.explain.ruletypes import COLLECTIVE_FUNCTIONS, RENDEZVOUS_FUNCTIONS
 
 #: ``  File "/x/rendezvous.py", line 246, in _env_rendezvous_handler`` (Python's traceback).
 FRAME_LINE = re.compile(r'File "(?P<file>[^"\n]{1,500})", line (?P<no>\d{1,7}), in '
@@ -35,14 +36,26 @@ def match_line(text: str) -> tuple[Rule, Pattern, re.Match[str]] | None:
     return None
 
 
-def frame_function(text: str) -> str | None:
-    """The function of a traceback frame line when a rule knows it, else None."""
+def frame_call(text: str) -> tuple[str, str] | None:
+    """``(file, function)`` of a traceback frame line, else None."""
     if '", line ' not in text:
         return None
     m = FRAME_LINE.search(text, 0, MAX_MATCH_CHARS)
-    if m is None or m.group("func") not in FRAMES:
+    return None if m is None else (m.group("file"), m.group("func"))
+
+
+def collective_frame(call: tuple[str, str]) -> bool | None:
+    """True for a frame inside one of torch.distributed's collectives, False for one of its
+    rendezvous or init (which a traceback of the ranks meeting runs through), None for any
+    other frame."""
+    file, function = call
+    if "distributed" not in file:
         return None
-    return m.group("func")
+    if function in COLLECTIVE_FUNCTIONS:
+        return True
+    if function in RENDEZVOUS_FUNCTIONS:
+        return False
+    return None
 
 
 def match_frame(function: str, source: str) -> tuple[Rule, Frame, re.Match[str]] | None:

@@ -20,121 +20,25 @@ connect), 3 a symptom of another rank's death (the watchdog timeout, broken pipe
 
 from __future__ import annotations
 
-import enum
-import re
-from dataclasses import dataclass
-
-
-class Layer(str, enum.Enum):
-    """Where a failure lives: environment, communication, data, model, plus hardware."""
-
-    ENVIRONMENT = "environment"
-    COMMUNICATION = "communication"
-    DATA = "data"
-    MODEL = "model"
-    HARDWARE = "hardware"
-
-
-@dataclass(frozen=True)
-class Pattern:
-    """One way a failure class shows up in a log.
-
-    Attributes:
-        regex: searched in one decoded line.
-        message: ``str.format`` template over the regex's named groups (all must be in the regex
-            and always participate in a match).
-        layer: overrides the rule's layer for this pattern (``ShmExhausted`` is communication for
-            NCCL, data for a DataLoader worker).
-        follow: how many following lines to add to the evidence (NCCL's "Last error:" detail).
-        last: a finding that only such patterns hit goes after every other finding (torchrun
-            itself stopped by a signal from outside: the cause only when nothing else is found).
-        only_with: a finding that only such patterns hit counts only when the log also has a
-            finding of this reason (a launcher's memory report is evidence for a kill, not a
-            failure by itself).
-    """
-
-    regex: re.Pattern[str]
-    message: str
-    layer: Layer | None = None
-    follow: int = 0
-    last: bool = False
-    only_with: str = ""
-
-
-@dataclass(frozen=True)
-class Frame:
-    """A Python traceback frame that names a failure class even when the traceback was cut
-    before its last line (people paste what fits).
-
-    Attributes:
-        function: the frame's function (``File "...", line N, in FUNCTION``).
-        source: searched in the frame's source line (the line below, the code that raised).
-        message: ``str.format`` template over ``source``'s named groups.
-    """
-
-    function: str
-    source: re.Pattern[str]
-    message: str
-
-
-class Hook(str, enum.Enum):
-    """What a rule's matches carry beyond their message (facts.py implements each).
-
-    ``signal``: the signal of a killed process is named (number, name or a launcher's word for
-    it); a launcher's own stop of the other ranks is no kill; a failure summary lends its rank;
-    a kill that is the watchdog's own abort of a rank another finding names goes last.
-    ``watchdog``: per-rank SeqNum/OpType, the ranks that timed out and those that did not.
-    ``socket_ifname``: the ``*_SOCKET_IFNAME`` the log shows set.
-    ``nccl_detail``: what NCCL itself said (its WARN lines, the ``Last error:`` detail).
-    """
-
-    NONE = "none"
-    SIGNAL = "signal"
-    WATCHDOG = "watchdog"
-    SOCKET_IFNAME = "socket_ifname"
-    NCCL_DETAIL = "nccl_detail"
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A failure class: reason token, layer, cause-first tier, remedy, patterns, an example line.
-
-    Attributes:
-        frames: traceback frames that recognise the class without its last line.
-        hook: what its matches carry beyond the message (:class:`Hook`).
-        progress: a cause that lists the ranks that stopped progressing first beside it (off
-            for failures before training starts, where progress says nothing).
-        generic: an error code that wraps a more specific cause (ncclSystemError): any other
-            finding of its tier goes before it.
-    """
-
-    reason: str
-    layer: Layer
-    tier: int
-    remedy: str
-    patterns: tuple[Pattern, ...]
-    example: str
-    frames: tuple[Frame, ...] = ()
-    hook: Hook = Hook.NONE
-    progress: bool = True
-    generic: bool = False
-
-
-def _p(regex: str, message: str, *, layer: Layer | None = None, follow: int = 0,
-       last: bool = False, only_with: str = "") -> Pattern:
-    return Pattern(re.compile(regex), message, layer, follow, last, only_with)
-
-
-def _f(function: str, source: str, message: str) -> Frame:
-    return Frame(function, re.compile(source), message)
-
-
-ORIGIN, KILLED, WRAPPER, SYMPTOM = 0, 1, 2, 3
+from preflight.explain.rules_setup import SETUP_RULES
+from preflight.explain.ruletypes import (
+    KILLED,
+    ORIGIN,
+    SYMPTOM,
+    WRAPPER,
+    Frame,
+    Hook,
+    Layer,
+    Pattern,
+    Rule,
+)
+from preflight.explain.ruletypes import frame as _f
+from preflight.explain.ruletypes import pattern as _p
 
 _LAUNCHER = ("torchrun itself received {name} and stopped all its workers: {hint}; if the job had "
              "hung before that, the rank that stopped printing first is the one to look at")
 
-RULES: tuple[Rule, ...] = (
+_FIRST: tuple[Rule, ...] = (
     Rule(
         "PortInUse", Layer.ENVIRONMENT, ORIGIN,
         "another process (often a previous job on the default port 29500) holds MASTER_PORT: "
@@ -172,6 +76,12 @@ RULES: tuple[Rule, ...] = (
                "the script reads {var} from the environment but the launcher did not set it"),
             # the raising line of torch.distributed.rendezvous, when the traceback was cut
             # before the ValueError itself
+            # torch.distributed.launch passes --local-rank=N (torch >= 2.0; --local_rank before)
+            # to a script whose argparse does not take that spelling
+            _p(r"unrecognized arguments: (?P<arg>--local[-_]rank)",
+               "the script does not accept the {arg} argument torch.distributed.launch passes "
+               "(torch >= 2.0 spells it --local-rank): read LOCAL_RANK from the environment or "
+               "accept both spellings"),
             _p(r"(?:_env_error|_get_env_or_raise)\(\s{0,4}[\"'](?P<var>[A-Z_]{2,40})[\"']\)",
                "the launcher variable {var} is not set (env:// rendezvous; from the "
                "traceback's raising line)"),
@@ -200,6 +110,12 @@ RULES: tuple[Rule, ...] = (
                "a process asked for a CUDA device that does not exist (invalid device ordinal)"),
         ),
         "RuntimeError: CUDA error: invalid device ordinal",
+        frames=(
+            # a traceback cut inside torch.cuda.set_device: the index asked for is not there
+            _f("set_device", r"torch\._C\._cuda_setDevice\(",
+               "torch.cuda.set_device failed: the GPU index is not visible to this process "
+               "(from the traceback's frames)"),
+        ),
     ),
     Rule(
         "DuplicateGpu", Layer.ENVIRONMENT, ORIGIN,
@@ -301,6 +217,11 @@ RULES: tuple[Rule, ...] = (
                "the NVIDIA driver reported Xid {xid} on GPU {pci}"),
             _p(r"uncorrectable ECC error", "a GPU reported an uncorrectable ECC error"),
             _p(r"fallen off the bus|GPU is lost", "a GPU fell off the bus (lost)"),
+            _p(r"Unable to determine the device handle for GPU ?(?P<pci>[0-9A-Fa-f:.]{4,20}): "
+               r"(?P<why>[A-Za-z][A-Za-z ]{2,40})",
+               "nvidia-smi cannot reach GPU {pci}: {why}"),
+            _p(r"GPU requires reset|NVML_ERROR_GPU_IS_LOST",
+               "a GPU is lost and needs a reset"),
             _p(r"uncorrectable NVLink error", "an NVLink link reported an uncorrectable error"),
         ),
         "NVRM: Xid (PCI:0000:3b:00): 79, pid=4102, name=python, GPU has fallen off the bus.",
@@ -317,6 +238,8 @@ RULES: tuple[Rule, ...] = (
             _p(r"CUDA out of memory|CUDA error: out of memory|Cuda failure 'out of memory'|"
                r"OutOfMemoryError",
                "CUDA out of memory"),
+            _p(r"CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED",
+               "cuBLAS/cuDNN could not allocate its workspace (GPU memory full)"),
         ),
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a "
         "total capacity of 79.19 GiB of which 1.21 GiB is free.",
@@ -330,6 +253,11 @@ RULES: tuple[Rule, ...] = (
             _p(r"an illegal memory access was encountered",
                "a CUDA kernel made an illegal memory access"),
             _p(r"misaligned address", "a CUDA kernel made a misaligned memory access"),
+            _p(r"an illegal instruction was encountered",
+               "a CUDA kernel executed an illegal instruction"),
+            _p(r"unspecified launch failure",
+               "a CUDA kernel failed (unspecified launch failure: a kernel fault, or the GPU; "
+               "read the Xid in `dmesg`)"),
         ),
         "RuntimeError: CUDA error: an illegal memory access was encountered",
     ),
@@ -344,6 +272,17 @@ RULES: tuple[Rule, ...] = (
                "an op got tensors on different devices"),
             _p(r"Tensors must be CUDA and dense|No backend type associated with device type cpu",
                "a CPU tensor was passed to an NCCL collective"),
+            _p(r"module must have its parameters and buffers on device (?P<want>cuda:\d{1,4})",
+               "the model is not on {want}, the device DataParallel/DDP was given"),
+            _p(r"device_ids and output_device arguments only work with single-device",
+               "DDP got device_ids for a model that is not on that GPU (move it with "
+               "`.to(local_rank)` before wrapping)"),
+            # accelerate / Trainer with a model loaded by device_map="auto" or in 8 bit
+            _p(r"You can't train a model that has been loaded (?:in 8-bit precision on a "
+               r"different device|with `?device_map='auto'`? in any distributed mode)",
+               "a model spread over GPUs by device_map (or loaded in 8 bit elsewhere) cannot "
+               "be trained with one process per GPU: load it with "
+               "device_map={'': local_rank}"),
         ),
         "RuntimeError: Expected all tensors to be on the same device, but found at least two "
         "devices, cuda:0 and cuda:1!",
@@ -404,6 +343,8 @@ RULES: tuple[Rule, ...] = (
             _p(r"Detected (?P<n>\d{1,6}) oom[_-]kill events?",
                "Slurm saw {n} oom-kill event(s) in the job step (its cgroup memory limit)"),
             _p(r"\bOOMKilled\b", "the container was OOMKilled (its memory limit)"),
+            _p(r"The node was low on resource: memory",
+               "Kubernetes evicted the pod: the node was low on memory"),
             # DeepSpeed's see_memory_usage: evidence for a SIGKILL, not a failure by itself
             _p(r"CPU Virtual Memory: {0,4}used = (?P<used>[\d.]{1,12} ?GB), percent = "
                r"(?P<pct>(?:8\d|9\d|100)(?:\.\d{1,3})?)%",
@@ -413,6 +354,9 @@ RULES: tuple[Rule, ...] = (
         "Out of memory: Killed process 48213 (python) total-vm:412331628kB, "
         "anon-rss:250112412kB, file-rss:0kB, shmem-rss:0kB, UID:1000 pgtables:493512kB",
     ),
+)
+
+_LATER: tuple[Rule, ...] = (
     Rule(
         "RankKilled", Layer.ENVIRONMENT, KILLED,
         "SIGKILL (-9): the kernel's OOM killer or the scheduler (memory limit, time limit, "
@@ -509,12 +453,31 @@ RULES: tuple[Rule, ...] = (
             _p(r"ncclInvalidUsage|invalid usage \(run with NCCL_DEBUG|"
                r"NCCL error in: [^\n]{1,300}, invalid usage",
                "NCCL reported invalid usage", follow=2),
+            _p(r"ncclInvalidArgument|invalid argument \(run with NCCL_DEBUG",
+               "NCCL reported an invalid argument", follow=2),
+            # torch 1.x: "NCCL Error 5: invalid usage", "NCCL Error 4: invalid argument"
+            _p(r"NCCL Error \d{1,2}: (?P<what>invalid usage|invalid argument|remote error)",
+               "NCCL reported {what}", follow=2),
         ),
         "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
         "NCCLUtils.hpp:317, unhandled system error (run with NCCL_DEBUG=INFO for details), "
         "NCCL version 2.21.5",
         hook=Hook.NCCL_DETAIL,
         generic=True,
+    ),
+    Rule(
+        "RendezvousClosed", Layer.ENVIRONMENT, SYMPTOM,
+        "the elastic rendezvous was closed by another node's agent (it failed, or finished, or "
+        "ran out of restarts): read the other nodes' logs for the first failure and fix that; "
+        "every node must run the same `--rdzv_id` and `--max_restarts`",
+        (
+            _p(r"RendezvousClosedError", "torchelastic's rendezvous was closed by another node"),
+            _p(r"has failed to shutdown the rendezvous",
+               "torchelastic could not shut the rendezvous down as the run ended (the store "
+               "was already gone): a consequence of how the run ended"),
+        ),
+        "torch.distributed.elastic.rendezvous.api.RendezvousClosedError",
+        progress=False,
     ),
     Rule(
         "RendezvousTimeout", Layer.ENVIRONMENT, WRAPPER,
@@ -540,6 +503,9 @@ RULES: tuple[Rule, ...] = (
                r"(?P<addr>[^\n]{1,120}?)(?: \(errno: (?P<errno>\d{1,4}) - (?P<why>[^)\n]{1,60})\)|"
                r"\.|$)",
                "a rank could not connect to the store at {addr}"),
+            _p(r"(?:Name or service not known|Temporary failure in name resolution|nodename nor "
+               r"servname provided|No address associated with hostname)",
+               "a host name (MASTER_ADDR or --rdzv_endpoint) could not be resolved"),
             _p(r"wait timeout after (?P<t>\d{1,12})ms, keys:",
                "a rank waited {t} ms for the other ranks' keys in the store"),
             _p(r"connect\(\) timed out\. Original timeout was (?P<ms>\d{1,12}) ms",
@@ -547,8 +513,21 @@ RULES: tuple[Rule, ...] = (
             _p(r"RendezvousConnectionError|[Tt]he connection to the C10d store has failed",
                "torchelastic could not reach the c10d rendezvous store (--rdzv_endpoint)"),
             _p(r"RendezvousTimeoutError|[Rr]endezvous[^\n]{0,120}timed out|"
-               r"Initialization timed out|Socket Timeout|connectFullMesh failed",
+               r"Initialization timed out|connectFullMesh failed",
                "the rendezvous (store or gloo connect) timed out"),
+            # the store's and gloo's bare socket errors: while the ranks meet (init, the first
+            # store access) they are the rendezvous; raised from a collective, a collective
+            # that timed out or a peer that went away
+            _p(r"Socket Timeout",
+               "the rendezvous (store or gloo connect) timed out",
+               in_collective=("CollectiveTimeout",
+                              "{op} timed out in the store or gloo's transport (Socket Timeout): "
+                              "a rank did not join it")),
+            _p(r"(?:RuntimeError|DistNetworkError|DistStoreError|Error): (?P<why>No route to host|"
+               r"Connection refused|Connection timed out|Network is unreachable)\s{0,4}$",
+               "a rank could not reach the store or a peer while the ranks met: {why}",
+               in_collective=("PeerConnectionLost",
+                              "a peer could not be reached during {op}: {why}")),
         ),
         "torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. "
         "3/4 clients joined.",
@@ -563,6 +542,9 @@ RULES: tuple[Rule, ...] = (
                "init_process_group failed in its rendezvous (from the traceback's frames)"),
             _f("next_rendezvous", r"\S",
                "torchelastic's rendezvous of the nodes failed (from the traceback's frames)"),
+            _f("_store_based_barrier", r"\S",
+               "the ranks did not all reach init_process_group's store-based barrier (from the "
+               "traceback's frames)"),
         ),
         progress=False,
     ),
@@ -589,17 +571,6 @@ RULES: tuple[Rule, ...] = (
         "10.1.0.12<43211> failed : Connection refused",
     ),
     Rule(
-        "RendezvousClosed", Layer.ENVIRONMENT, SYMPTOM,
-        "the elastic rendezvous was closed by another node's agent (it failed, or finished, or "
-        "ran out of restarts): read the other nodes' logs for the first failure and fix that; "
-        "every node must run the same `--rdzv_id` and `--max_restarts`",
-        (
-            _p(r"RendezvousClosedError", "torchelastic's rendezvous was closed by another node"),
-        ),
-        "torch.distributed.elastic.rendezvous.api.RendezvousClosedError",
-        progress=False,
-    ),
-    Rule(
         "CollectiveTimeout", Layer.COMMUNICATION, SYMPTOM,
         "a collective waited past the process-group timeout: the ranks that did NOT time out (or "
         "stopped printing first) are the suspects, look at their log and GPU; rerun with "
@@ -613,6 +584,9 @@ RULES: tuple[Rule, ...] = (
             _p(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d{1,20}),"
                r" OpType=(?P<op>\w{1,40})[^\n]{0,400}?Timeout\(ms\)=(?P<ms>\d{1,12})\)",
                "the NCCL watchdog aborted {op} SeqNum={seq} after its {ms} ms timeout"),
+            _p(r"Heartbeat monitor timed out",
+               "ProcessGroupNCCL's heartbeat monitor timed out (the watchdog hung in an NCCL "
+               "call)"),
             _p(r"watchdog got stuck for (?P<s>\d{1,9}) seconds",
                "the ProcessGroupNCCL watchdog made no progress for {s} s (an NCCL call hangs)"),
             _p(r"Watchdog caught collective operation timeout",
@@ -642,6 +616,10 @@ RULES: tuple[Rule, ...] = (
     ),
 )
 
+#: Every rule, in the order a line is tried (the first that matches names it): the origins, then
+#: the kills, wrappers and symptoms.
+RULES: tuple[Rule, ...] = _FIRST + SETUP_RULES + _LATER
+
 #: Substrings that every line a rule (or a rank fact) can match contains at least one of. The
 #: classifier looks only at lines holding one of them (a fast ``bytes.find`` over a block): almost
 #: every error line holds "rror" (XxxError:, error) or NCCL's "WARN"; the detail lines NCCL puts
@@ -657,7 +635,7 @@ ANCHORS: tuple[bytes, ...] = (
     # subprocess", "return code" and memory report, Lightning's "terminated with code"
     # (Slurm's oom-kill and CANCELLED lines and subprocess's "<Signals." come with "error")
     b'", line ', b"Kill", b"return code", b"CPU Virtual Memory", b"terminated with",
-    b"_env_error(",
+    b"_env_error(", b"GPU is lost", b"SMI has failed", b"low on resource",
     # one pass for mp.spawn's "terminated with signal", torchrun's "closing signal" and its own
     # "Received 15 death signal" / "got signal: 15"
     b" signal",
@@ -684,3 +662,6 @@ SIGNAL_HINTS: dict[str, str] = {
     "SIGHUP": "the terminal or ssh session that started it closed (use tmux, nohup or the "
               "scheduler)",
 }
+
+__all__ = ["ANCHORS", "BY_REASON", "KILLED", "ORIGIN", "RULES", "SIGNAL_HINTS", "SIGNAL_NAMES",
+           "SIGNAL_WORDS", "SYMPTOM", "WRAPPER", "Frame", "Hook", "Layer", "Pattern", "Rule"]

@@ -126,3 +126,16 @@ def test_docs_page_lists_every_reason_with_its_example() -> None:
     for rule in RULES:
         assert f"### `{rule.reason}`" in doc
         assert rule.example in doc
+
+
+def test_docs_reasons_section_is_the_one_the_rules_give() -> None:
+    import importlib.util
+
+    script = Path(__file__).parents[2] / "scripts" / "explain_reasons.py"
+    spec = importlib.util.spec_from_file_location("explain_reasons", script)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    doc = (Path(__file__).parents[2] / "docs" / "explain.md").read_text()
+    assert doc[doc.index("## Reasons\n"):] == mod.section(), (
+        "run: python scripts/explain_reasons.py --write")

@@ -1,0 +1,241 @@
+"""Rules for set-up and API mistakes: the driver, the GPUs a process can see, the libraries it
+loads, the scheduler's credentials, and the checks DDP and torch.distributed make of the caller.
+
+Each pattern follows the text of the program that prints it (CUDA's error strings, torch's
+``TORCH_CHECK`` messages in reducer.cpp and distributed_c10d.py, Slurm's and munge's errors), so
+that a phrasing nobody has posted yet is still the one matched. They are origins: the failure is
+the first thing that went wrong, on the node (driver, GPU, clock) or in the job (its code, its
+environment); the layer says which.
+"""
+
+from __future__ import annotations
+
+from preflight.explain.ruletypes import ORIGIN, Layer, Rule
+from preflight.explain.ruletypes import frame as _f
+from preflight.explain.ruletypes import pattern as _p
+
+SETUP_RULES: tuple[Rule, ...] = (
+    Rule(
+        "NoCudaDevice", Layer.ENVIRONMENT, ORIGIN,
+        "the process sees no usable GPU: `nvidia-smi` on the node must list them (if it cannot "
+        "talk to the driver, load the driver or reboot); in a container run with `--gpus all` "
+        "(Kubernetes: a `nvidia.com/gpu` limit) and do not set CUDA_VISIBLE_DEVICES to an empty "
+        "or wrong list; `python -c 'import torch; print(torch.version.cuda, "
+        "torch.cuda.device_count())'` must show a CUDA build and the GPUs "
+        "(`preflight check --only gpu_visible,cuda_devices`)",
+        (
+            _p(r"no CUDA-capable device is detected",
+               "the process found no CUDA-capable device"),
+            _p(r"No CUDA GPUs are available", "torch found no CUDA GPU in this process"),
+            _p(r"Found no NVIDIA driver on your system",
+               "torch found no NVIDIA driver on this system"),
+            _p(r"Torch not compiled with CUDA enabled",
+               "this torch is a CPU-only build (it has no CUDA)"),
+            _p(r"ProcessGroupNCCL is only supported with GPUs, no GPUs found",
+               "backend='nccl' was asked for in a process that sees no GPU"),
+            _p(r"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver",
+               "nvidia-smi cannot talk to the NVIDIA driver (not loaded, or a driver/kernel "
+               "mismatch after an update)"),
+            _p(r"CUDA driver initialization failed|CUDA unknown error - this may be due to an "
+               r"incorrectly set up environment",
+               "CUDA could not initialise in this process (the driver, /dev/nvidia* or "
+               "CUDA_VISIBLE_DEVICES changed after start)"),
+            _p(r"nvidia-container-cli: (?:initialization|device|detection) error: "
+               r"(?P<why>[^\n]{1,120})",
+               "the container runtime could not give the container its GPUs: {why}"),
+            _p(r"libcuda\.so(?:\.1)?: cannot open shared object file",
+               "libcuda.so (the driver's library) is not there: no driver in this host or "
+               "container"),
+        ),
+        "RuntimeError: No CUDA GPUs are available",
+        frames=(
+            # a traceback cut inside torch's lazy CUDA init: it could not initialise CUDA
+            _f("_lazy_init", r"torch\._C\._cuda_init\(\)",
+               "CUDA could not initialise in this process (from the traceback's frames)"),
+        ),
+        progress=False,
+    ),
+    Rule(
+        "CudaDriverMismatch", Layer.ENVIRONMENT, ORIGIN,
+        "the NVIDIA driver is older than the CUDA runtime torch was built with: update the "
+        "driver, or install the torch build for the driver's CUDA (`nvidia-smi` shows the "
+        "highest CUDA the driver supports; `python -c 'import torch; print(torch.version.cuda)'` "
+        "the one torch needs; https://pytorch.org/get-started/locally/); in a container the "
+        "host's driver is the one used, whatever the image has",
+        (
+            _p(r"CUDA driver version is insufficient for CUDA runtime version",
+               "the NVIDIA driver is too old for this CUDA runtime"),
+            _p(r"The NVIDIA driver on your system is too old \(found version (?P<ver>\d{1,8})\)",
+               "the NVIDIA driver is too old for this torch (the driver supports CUDA "
+               "version code {ver})"),
+            _p(r"system has unsupported display driver / cuda driver combination",
+               "the kernel driver and the CUDA driver library do not match (a driver update "
+               "without a reboot, or a container's mismatched libcuda)"),
+            _p(r"forward compatibility was attempted on non supported HW",
+               "CUDA forward compatibility was attempted on a GPU that does not support it (the "
+               "image's compat libcuda is newer than the host's driver)"),
+        ),
+        "RuntimeError: CUDA error: CUDA driver version is insufficient for CUDA runtime version",
+        progress=False,
+    ),
+    Rule(
+        "CudaDeviceBusy", Layer.ENVIRONMENT, ORIGIN,
+        "the GPU refused a new context: it is in Exclusive Process compute mode and another "
+        "process holds it (`nvidia-smi -q -d COMPUTE`; `nvidia-smi --query-compute-apps="
+        "pid,name --format=csv` shows who), or it is in a bad state (drain and reset it); give "
+        "every rank its own GPU (`torch.cuda.set_device(local_rank)`), and set "
+        "`nvidia-smi -c DEFAULT` where sharing is intended",
+        (
+            _p(r"(?:all )?CUDA-capable device\(?s?\)? (?:is/are|are|is) busy or unavailable",
+               "the GPU is busy or unavailable (Exclusive Process mode held by another "
+               "process, or a GPU in a bad state)"),
+        ),
+        "RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable",
+        progress=False,
+    ),
+    Rule(
+        "PeerMappingExhausted", Layer.ENVIRONMENT, ORIGIN,
+        "one process peer-mapped more GPUs than CUDA allows (at most 8 peers per GPU): use one "
+        "process per GPU with torchrun and DDP instead of nn.DataParallel over every visible "
+        "GPU (a Trainer wraps the model in DataParallel when a process sees several GPUs), or "
+        "give each process fewer GPUs with CUDA_VISIBLE_DEVICES; if it persists at <= 8, reboot "
+        "the node (the driver's peer state)",
+        (
+            _p(r"peer mapping resources exhausted",
+               "CUDA ran out of peer-mapping resources (one process peer-mapped too many GPUs)"),
+        ),
+        "RuntimeError: CUDA error: peer mapping resources exhausted",
+    ),
+    Rule(
+        "LibraryMismatch", Layer.ENVIRONMENT, ORIGIN,
+        "a library the job loads is missing or of another version than torch was built with: "
+        "do not put a system NCCL or CUDA in front of torch's own (`LD_LIBRARY_PATH`, "
+        "`LD_PRELOAD`; `python -c 'import torch; print(torch.cuda.nccl.version())'`), install "
+        "torch, its CUDA libraries and the extensions (DeepSpeed, apex, flash-attn) for one CUDA "
+        "version, and run the same image on every node (`preflight cluster` compares them)",
+        (
+            _p(r"undefined symbol: (?P<sym>(?:nccl|cuda|cu|cublas|cudnn|c10|_ZN)\w{0,200})",
+               "a library lacks the symbol {sym}: torch, NCCL/CUDA or an extension of another "
+               "version is loaded"),
+            _p(r"(?P<lib>lib(?:nccl|cudart|cublas|cublasLt|cudnn\w{0,20}|cufft|curand|cusparse|"
+               r"nvrtc|nvJitLink|torch\w{0,20}|c10\w{0,10})\.so[\d.]{0,20}): cannot open shared "
+               r"object file",
+               "the library {lib} cannot be loaded (not installed, or not on the library path)"),
+            _p(r"The detected CUDA version \((?P<found>[\d.]{1,10})\) mismatches the version "
+               r"that was used to compile\s{1,4}PyTorch \((?P<built>[\d.]{1,10})\)",
+               "an extension is being built with CUDA {found} but torch was built with CUDA "
+               "{built}"),
+            _p(r"Error building extension '(?P<ext>[\w.-]{1,80})'",
+               "the extension {ext} could not be built (its CUDA toolkit or compiler does not "
+               "match torch's: read the compiler's first error above)"),
+            _p(r"Distributed package doesn't have NCCL built in",
+               "this torch has no NCCL (a CPU or non-Linux build): use backend='gloo' or a "
+               "CUDA build of torch"),
+        ),
+        "ImportError: /opt/venv/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so: "
+        "undefined symbol: ncclCommRegister",
+        progress=False,
+    ),
+    Rule(
+        "SlurmCredentialError", Layer.ENVIRONMENT, ORIGIN,
+        "Slurm refused the step's credential: the clocks of the nodes disagree (check "
+        "`chronyc tracking` / `timedatectl` on the controller and the named node) or munge's "
+        "key differs (`munge -n | ssh NODE unmunge`); this is the node's fault, not the job's: "
+        "fix the clock or the key, then resubmit",
+        (
+            _p(r"Job credential expired", "Slurm's job credential had expired when the task "
+               "launched (the nodes' clocks disagree, or the launch was very slow)"),
+            _p(r"Invalid job credential", "Slurm rejected the job credential (munge key or "
+               "clock)"),
+            _p(r"[Mm]unge decode failed: (?P<why>Expired credential|Rewound credential|Invalid "
+               r"credential|Replayed credential)",
+               "munge refused a credential ({why}): the nodes' clocks or munge keys differ"),
+        ),
+        "srun: error: Task launch for StepId=36.0 failed on node cn131: Job credential expired",
+        progress=False,
+    ),
+    Rule(
+        "ProcessGroupNotInitialized", Layer.MODEL, ORIGIN,
+        "torch.distributed was used before `dist.init_process_group(...)` in this process: call "
+        "it first in every process (with torchrun: `init_process_group(backend='nccl')`), "
+        "guard the single-process path with `dist.is_initialized()`, and with mp.spawn call it "
+        "inside the spawned function, not before the spawn",
+        (
+            _p(r"Default process group has not been initialized|Default process group is not "
+               r"initialized",
+               "a torch.distributed call ran before init_process_group"),
+        ),
+        "ValueError: Default process group has not been initialized, please make sure to call "
+        "init_process_group.",
+        progress=False,
+    ),
+    Rule(
+        "ModelMismatch", Layer.MODEL, ORIGIN,
+        "DDP compared the model across ranks and it differs: build the same model on every rank "
+        "(same config, same code, no rank-dependent layers) before wrapping it; when a rank "
+        "reports 0 params, that rank never reached the same check (it was still loading, or "
+        "failed): look at that rank's log first",
+        (
+            _p(r"DDP expects same model across all ranks, but Rank (?P<rank>\d{1,7}) has "
+               r"(?P<n>\d{1,12}) params, while rank (?P<other>\d{1,7}) has inconsistent "
+               r"(?P<m>\d{1,12}) params",
+               "DDP found {n} parameters on rank {rank} but {m} on rank {other}"),
+            _p(r"DDP expects same model across all ranks",
+               "DDP found different models (parameter counts) on different ranks"),
+            _p(r"in this process with sizes \[[\d, ]{0,120}\] appears not to match (?:sizes|"
+               r"strides) of the same param in process (?P<other>\d{1,7})",
+               "a parameter's shape differs from rank {other}'s (DDP's model check)"),
+        ),
+        "RuntimeError: DDP expects same model across all ranks, but Rank 1 has 338 params, "
+        "while rank 0 has inconsistent 0 params.",
+        progress=False,
+    ),
+    Rule(
+        "ParameterReadyTwice", Layer.MODEL, ORIGIN,
+        "DDP saw one parameter's gradient twice in one backward: with activation checkpointing "
+        "use `use_reentrant=False` (`gradient_checkpointing_kwargs={'use_reentrant': False}`) "
+        "or `DDP(..., static_graph=True)`; do not share a parameter between modules that run "
+        "in several forward passes per step, and do not use parameters outside `forward` "
+        "(`TORCH_DISTRIBUTED_DEBUG=DETAIL` names the parameter)",
+        (
+            # the lines after it name the parameter (with TORCH_DISTRIBUTED_DEBUG=DETAIL)
+            _p(r"Expected to mark a variable ready only once",
+               "DDP marked a parameter's gradient ready twice in one iteration", follow=3),
+        ),
+        "RuntimeError: Expected to mark a variable ready only once. This error is caused by one "
+        "of the following reasons: 1) Use of a module parameter outside the `forward` function.",
+    ),
+    Rule(
+        "CollectiveMismatch", Layer.COMMUNICATION, ORIGIN,
+        "the ranks called different collectives (or the same one with different sizes) at the "
+        "same point: a rank-dependent branch around a collective (`if rank == 0: dist.broadcast"
+        "(...)`), a rank that skipped a step (an empty batch, an early stop on one rank) or "
+        "uneven inputs (`DDP.join()`); the fingerprints in the message show what each rank ran",
+        (
+            _p(r"Detected mismatch between collectives on ranks\. Rank (?P<a>\d{1,7}) is running "
+               r"collective: [^\n]{0,200}?OpType=(?P<op>\w{1,40})",
+               "rank {a} ran {op} while another rank ran a different collective or size"),
+            _p(r"Detected mismatch between collectives on ranks",
+               "the ranks ran different collectives at the same point"),
+            # gloo received more bytes than the buffer it posted: the ranks' sizes differ
+            _p(r"op\.preamble\.length <= op\.nbytes\. (?P<got>\d{1,15}) vs (?P<want>\d{1,15})",
+               "gloo received {got} bytes into a {want}-byte buffer: the ranks ran the "
+               "collective with different sizes"),
+        ),
+        "RuntimeError: Detected mismatch between collectives on ranks. Rank 0 is running "
+        "collective: CollectiveFingerPrint(SequenceNumber=12, OpType=BROADCAST, "
+        "TensorShape=[1], TensorDtypes=Long), but Rank 1 is running collective: "
+        "CollectiveFingerPrint(SequenceNumber=12, OpType=ALLREDUCE, TensorShape=[1]).",
+    ),
+    Rule(
+        "DeviceSideAssert", Layer.MODEL, ORIGIN,
+        "a CUDA kernel's assertion failed, almost always an index out of range: class labels "
+        "outside [0, num_classes) for the loss, token ids >= the embedding size, a bad gather "
+        "index; rerun with `CUDA_LAUNCH_BLOCKING=1` (or on the CPU) to get the failing op and "
+        "check the data",
+        (
+            _p(r"device-side assert triggered", "a CUDA kernel's device-side assertion failed"),
+        ),
+        "RuntimeError: CUDA error: device-side assert triggered",
+    ),
+)

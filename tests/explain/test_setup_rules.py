@@ -1,0 +1,279 @@
+"""The set-up and API-mistake rules, and a timeout or refused connection read by where the
+traceback raised it (a collective or the ranks meeting).
+
+Logs from public threads where one exists: the first fresh corpus (tests/explain/fresh, a
+development set since its score guided these rules) and lines that people pasted into public
+repositories' notes (found by the exact string in the code index, which names no repository).
+Where neither has the line, it is the message as the program that prints it formats it (CUDA's
+error strings, torch's ``TORCH_CHECK`` texts, Slurm's errors), inside a traceback of torch's
+own frames.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from preflight.explain import classify_texts
+from preflight.explain.rules import BY_REASON
+from preflight.explain.rules_setup import SETUP_RULES
+
+FRESH = Path(__file__).parent / "fresh"
+
+
+def reasons(text: str, name: str = "job.log") -> list[str]:
+    return [f.reason for f in classify_texts([(name, text)]).findings]
+
+
+def first(text: str) -> tuple[str, str]:
+    f = classify_texts([("job.log", text)]).findings[0]
+    return f.reason, f.message
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    # "RuntimeError: Socket Timeout" raised from dist.all_reduce: a collective that timed out
+    ("dgl-3629.log", "CollectiveTimeout"),
+    # gloo's bare "No route to host" while the ranks meet
+    ("biggraph-99.log", "RendezvousTimeout"),
+    # nvidia-smi's "Unable to determine the device handle for GPU ...: GPU is lost"
+    ("owod-81.log", "GpuHardwareError"),
+    ("trixie-58.log", "SlurmCredentialError"),
+    ("llamafactory-1213.log", "PeerMappingExhausted"),
+])
+def test_real_logs_of_the_first_fresh_corpus(name: str, expected: str) -> None:
+    assert reasons((FRESH / name).read_text(), name)[:1] == [expected]
+
+
+def test_a_socket_timeout_names_the_collective_that_raised_it() -> None:
+    reason, message = first((FRESH / "dgl-3629.log").read_text())
+    assert reason == "CollectiveTimeout"
+    assert message.startswith("all_reduce timed out")
+
+
+_C10D = "/opt/conda/lib/python3.10/site-packages/torch/distributed/distributed_c10d.py"
+_INIT = f'''Traceback (most recent call last):
+  File "train.py", line 40, in <module>
+    dist.init_process_group("gloo")
+  File "{_C10D}", line 1141, in init_process_group
+    store, rank, world_size = next(rendezvous_iterator)
+  File "/opt/conda/lib/python3.10/site-packages/torch/distributed/rendezvous.py", line 241, in _env_rendezvous_handler
+    store = _create_c10d_store(master_addr, master_port, rank, world_size, timeout)
+'''  # noqa: E501
+_COLLECTIVE = f'''Traceback (most recent call last):
+  File "train.py", line 88, in <module>
+    dist.all_reduce(loss)
+  File "{_C10D}", line 2050, in all_reduce
+    work = group.allreduce([tensor], opts)
+'''
+
+
+@pytest.mark.parametrize(("error", "at_init", "in_collective"), [
+    ("RuntimeError: Socket Timeout", "RendezvousTimeout", "CollectiveTimeout"),
+    ("RuntimeError: Connection refused", "RendezvousTimeout", "PeerConnectionLost"),
+    ("RuntimeError: No route to host", "RendezvousTimeout", "PeerConnectionLost"),
+])
+def test_a_bare_socket_error_is_read_by_where_it_was_raised(error: str, at_init: str,
+                                                           in_collective: str) -> None:
+    assert reasons(_INIT + error) == [at_init]
+    assert reasons(_COLLECTIVE + error) == [in_collective]
+    # a collective's frame far above (another traceback long before) says nothing of this one
+    assert reasons(_COLLECTIVE + "step 1 loss 2.0\n" * 60 + error) == [at_init]
+    # init's frames after a collective's: the later traceback is the ranks meeting
+    assert reasons(_COLLECTIVE + "RuntimeError: boom\n" + _INIT + error)[:1] == [at_init]
+
+
+def test_a_collective_frame_outside_torch_distributed_is_not_a_collective() -> None:
+    own = '''Traceback (most recent call last):
+  File "mylib/comm.py", line 12, in all_reduce
+    return client.call("sum", x)
+RuntimeError: Socket Timeout
+'''
+    assert reasons(own) == ["RendezvousTimeout"]
+
+
+_CUDA = "/usr/local/lib/python3.10/dist-packages/torch/cuda/__init__.py"
+
+
+def test_a_traceback_cut_inside_set_device_is_an_invalid_ordinal() -> None:
+    cut = f'''Traceback (most recent call last):
+  File "train.py", line 21, in <module>
+    torch.cuda.set_device(args.local_rank)
+  File "{_CUDA}", line 404, in set_device
+    torch._C._cuda_setDevice(device)
+'''
+    assert reasons(cut) == ["InvalidDeviceOrdinal"]
+    # with its last line the frame and the line are one finding
+    full = classify_texts([("job.log", cut + "RuntimeError: CUDA error: invalid device ordinal\n")])
+    assert [(f.reason, f.count) for f in full.findings] == [("InvalidDeviceOrdinal", 2)]
+
+
+def test_a_traceback_cut_inside_cuda_init_is_no_usable_gpu() -> None:
+    cut = f'''Traceback (most recent call last):
+  File "train.py", line 9, in <module>
+    model.cuda()
+  File "{_CUDA}", line 298, in _lazy_init
+    torch._C._cuda_init()
+'''
+    assert reasons(cut) == ["NoCudaDevice"]
+
+
+def test_a_cut_traceback_in_the_store_based_barrier_is_a_rendezvous() -> None:
+    cut = f'''  File "{_C10D}", line 627, in init_process_group
+    _store_based_barrier(rank, store, timeout)
+  File "{_C10D}", line 255, in _store_based_barrier
+    worker_count = store.add(store_key, 0)
+'''
+    assert reasons(cut) == ["RendezvousTimeout"]
+
+
+#: Lines pasted into public repositories' notes (exact-string search of the code index).
+PUBLIC_NOTES = [
+    ("RuntimeError: Exception occured in `DistributedTrainer` when calling event `before_fit`:  "
+     "DDP expects same model across all ranks, but Rank 1 has 221 params, while rank 0 has "
+     "inconsistent 0 params.", "ModelMismatch", "221 parameters on rank 1 but 0 on rank 0"),
+    ("RuntimeError: Expected to mark a variable ready only once\nParameter at index 1051 with "
+     "name encoder.layers.5.ffn.layers.1.shared_lora_b\nhas been marked as ready twice.",
+     "ParameterReadyTwice", "marked a parameter's gradient ready twice"),
+    ("RuntimeError: Detected mismatch between collectives on ranks. Rank 0 is running "
+     "collective: CollectiveFingerPrint(OpType=ALLGATHER, TensorShape=[4], TensorDtypes=Float, "
+     "TensorDeviceTypes=TensorOptions(dtype=float (default), device=cuda, layout=Strided "
+     "(default))), but Rank 1 is running collective: CollectiveFingerPrint(OpType=ALLREDUCE)",
+     "CollectiveMismatch", "rank 0 ran ALLGATHER"),
+]
+
+
+@pytest.mark.parametrize(("text", "reason", "said"), PUBLIC_NOTES,
+                         ids=[r for _, r, _ in PUBLIC_NOTES])
+def test_lines_people_posted(text: str, reason: str, said: str) -> None:
+    got, message = first(text)
+    assert got == reason
+    assert said in message
+
+
+def test_the_parameter_marked_twice_is_in_the_evidence() -> None:
+    f = classify_texts([("job.log", PUBLIC_NOTES[1][0])]).findings[0]
+    assert any("shared_lora_b" in e.text for e in f.evidence)
+
+
+#: One line per pattern of the set-up rules, as the program that prints it writes it.
+PROGRAM_LINES = [
+    ("RuntimeError: CUDA error: no CUDA-capable device is detected", "NoCudaDevice"),
+    ("RuntimeError: No CUDA GPUs are available", "NoCudaDevice"),
+    ("RuntimeError: Found no NVIDIA driver on your system. Please check that you have an NVIDIA "
+     "GPU and installed a driver from http://www.nvidia.com/Download/index.aspx", "NoCudaDevice"),
+    ("AssertionError: Torch not compiled with CUDA enabled", "NoCudaDevice"),
+    ("RuntimeError: ProcessGroupNCCL is only supported with GPUs, no GPUs found!",
+     "NoCudaDevice"),
+    ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure "
+     "that the latest NVIDIA driver is installed and running.", "NoCudaDevice"),
+    ("RuntimeError: CUDA unknown error - this may be due to an incorrectly set up environment, "
+     "e.g. changing env variable CUDA_VISIBLE_DEVICES after program start.", "NoCudaDevice"),
+    ("OSError: libcuda.so.1: cannot open shared object file: No such file or directory",
+     "NoCudaDevice"),
+    ("RuntimeError: CUDA error: CUDA driver version is insufficient for CUDA runtime version",
+     "CudaDriverMismatch"),
+    ("RuntimeError: The NVIDIA driver on your system is too old (found version 11040). Please "
+     "update your GPU driver", "CudaDriverMismatch"),
+    ("RuntimeError: CUDA error: system has unsupported display driver / cuda driver "
+     "combination", "CudaDriverMismatch"),
+    ("RuntimeError: CUDA error: forward compatibility was attempted on non supported HW",
+     "CudaDriverMismatch"),
+    ("RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable",
+     "CudaDeviceBusy"),
+    ("RuntimeError: CUDA error: all CUDA-capable devices are busy or unavailable",
+     "CudaDeviceBusy"),
+    ("ImportError: /opt/venv/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so: "
+     "undefined symbol: ncclCommRegister", "LibraryMismatch"),
+    ("ImportError: libcudnn.so.8: cannot open shared object file: No such file or directory",
+     "LibraryMismatch"),
+    ("OSError: The detected CUDA version (11.8) mismatches the version that was used to compile "
+     "PyTorch (12.1). Please make sure to use the same CUDA versions.", "LibraryMismatch"),
+    ("RuntimeError: Distributed package doesn't have NCCL built in", "LibraryMismatch"),
+    ("srun: error: Task launch for StepId=36.0 failed on node cn131: Invalid job credential",
+     "SlurmCredentialError"),
+    ("slurmd: error: Munge decode failed: Rewound credential", "SlurmCredentialError"),
+    ("ValueError: Default process group has not been initialized, please make sure to call "
+     "init_process_group.", "ProcessGroupNotInitialized"),
+    ("RuntimeError: params[0] in this process with sizes [64, 3, 7, 7] appears not to match "
+     "sizes of the same param in process 0.", "ModelMismatch"),
+    ("RuntimeError: CUDA error: device-side assert triggered", "DeviceSideAssert"),
+    ("RuntimeError: CUDA error: peer mapping resources exhausted", "PeerMappingExhausted"),
+    ("RuntimeError: CUDA error: an illegal instruction was encountered", "IllegalMemoryAccess"),
+    ("RuntimeError: CUDA error: unspecified launch failure", "IllegalMemoryAccess"),
+    ("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+     "CudaOutOfMemory"),
+    ("[rank0]:[E1201 10:00:00.000000000 ProcessGroupNCCL.cpp:1423] [PG ID 0 PG GUID 0(default_pg) "
+     "Rank 0] Heartbeat monitor timed out! Process will be terminated after dumping debug info.",
+     "CollectiveTimeout"),
+    ("RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275, invalid "
+     "argument (run with NCCL_DEBUG=WARN for details), NCCL version 2.18.1", "NcclSystemError"),
+    ("Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error",
+     "GpuHardwareError"),
+]
+
+
+PROGRAM_LINES += [
+    ("docker: Error response from daemon: failed to create task for container: failed to create "
+     "shim task: OCI runtime create failed: runc create failed: unable to start container "
+     "process: error during container init: error running hook #0: error running hook: exit "
+     "status 1, stdout: , stderr: Auto-detected mode as 'legacy'\nnvidia-container-cli: "
+     "initialization error: nvml error: driver not loaded: unknown.", "NoCudaDevice"),
+    ("RuntimeError: Error building extension 'fused_adam'", "LibraryMismatch"),
+    ("RuntimeError: [enforce fail at ../third_party/gloo/gloo/transport/tcp/pair.cc:446] "
+     "op.preamble.length <= op.nbytes. 8773632 vs 4", "CollectiveMismatch"),
+]
+#: Lines of the older rules' new patterns, as their programs print them.
+MORE_LINES = [
+    ("train.py: error: unrecognized arguments: --local-rank=0", "MissingLauncherEnv"),
+    ("RuntimeError: module must have its parameters and buffers on device cuda:0 "
+     "(device_ids[0]) but found one of them on device: cuda:1", "DeviceMismatch"),
+    ("ValueError: DistributedDataParallel device_ids and output_device arguments only work with "
+     "single-device/multiple-device GPU modules or CPU modules, but got device_ids [0], "
+     "output_device None, and module parameters {device(type='cpu')}.", "DeviceMismatch"),
+    ("ValueError: You can't train a model that has been loaded in 8-bit precision on a different "
+     "device than the one you're training on.", "DeviceMismatch"),
+    ("RuntimeError: NCCL Error 5: invalid usage", "NcclSystemError"),
+    ("  Message:      The node was low on resource: memory. Container train was using "
+     "61Gi, which exceeds its request of 0.", "HostOutOfMemory"),
+    ("ValueError: host not found: Name or service not known", "RendezvousTimeout"),
+    ("[E socket.cpp:922] [c10d] The client socket has failed to connect to [master]:29500 "
+     "(errno: 111 - Connection refused).", "RendezvousTimeout"),
+]
+
+
+@pytest.mark.parametrize(("line", "reason"), MORE_LINES, ids=[r for _, r in MORE_LINES])
+def test_new_lines_of_the_older_rules(line: str, reason: str) -> None:
+    assert reasons(line)[:1] == [reason]
+
+
+def test_c10d_ipv6_localhost_warning_of_a_run_that_started_is_no_failure() -> None:
+    for errno in ("99 - Cannot assign requested address",):
+        warn = (f"[W socket.cpp:663] [c10d] The client socket has failed to connect to "
+                f"[localhost]:29500 (errno: {errno}).")
+        assert reasons(warn + "\nepoch 0 step 10 loss 1.9\n") == []
+        assert reasons(f"[rank1]:[W1201 10:00:00.000000000 socket.cpp:752] {warn[19:]}") == []
+
+
+@pytest.mark.parametrize(("line", "reason"), PROGRAM_LINES, ids=[r for _, r in PROGRAM_LINES])
+def test_program_lines_name_their_reason(line: str, reason: str) -> None:
+    assert reasons(line)[:1] == [reason]
+
+
+def test_every_setup_pattern_has_a_program_line() -> None:
+    lines = [line for line, _ in PROGRAM_LINES] + [t for t, _, _ in PUBLIC_NOTES]
+    lines += [(FRESH / n).read_text() for n in ("trixie-58.log", "llamafactory-1213.log")]
+    for rule in SETUP_RULES:
+        for pat in rule.patterns:
+            assert any(pat.regex.search(line) for line in lines), pat.regex.pattern
+
+
+def test_setup_rules_are_origins_with_a_remedy() -> None:
+    for rule in SETUP_RULES:
+        assert BY_REASON[rule.reason] is rule
+        assert rule.tier == 0 and len(rule.remedy) > 80
+
+
+def test_a_run_that_ended_by_shutting_the_rendezvous_is_no_rendezvous_timeout() -> None:
+    log = (FRESH / "wespeaker-171.log").read_text()
+    assert "RendezvousTimeout" not in reasons(log, "wespeaker-171.log")

@@ -413,6 +413,11 @@ _LATER: tuple[Rule, ...] = (
             _p(r"(?P<pid>\d{1,10}) Killed\s{1,40}(?:python|torchrun|deepspeed|accelerate)",
                "{who} was killed by SIGKILL (the shell says Killed): likely the host's OOM killer "
                "or the scheduler (check `dmesg` / `journalctl -k`)"),
+            # the shell's bare "Killed": the cause when nothing else is found, after everything
+            # else when something is (a launcher that ended its own processes prints it too)
+            _p(r"^\s{0,8}Killed\s{0,4}$",
+               "a process was killed by SIGKILL (the shell says Killed): likely the host's OOM "
+               "killer or the scheduler (check `dmesg` / `journalctl -k`)", last=True),
             _p(r"exit code 137 \(interrupted by signal (?P<sig>\d{1,2}): ?"
                r"(?P<name>SIG[A-Z]{2,8})\)",
                "the process was killed by {name}: {hint}"),
@@ -450,6 +455,8 @@ _LATER: tuple[Rule, ...] = (
                "NCCL reported an internal error", follow=2),
             _p(r"ncclUnhandledCudaError|unhandled cuda error",
                "NCCL reported a CUDA call failure", follow=2),
+            _p(r"NCCL WARN Cuda failure (?:\d{1,4} )?'(?P<what>[^'\n]{1,80})'",
+               "an NCCL call to CUDA failed: {what}"),
             _p(r"ncclInvalidUsage|invalid usage \(run with NCCL_DEBUG|"
                r"NCCL error in: [^\n]{1,300}, invalid usage",
                "NCCL reported invalid usage", follow=2),
@@ -563,6 +570,11 @@ _LATER: tuple[Rule, ...] = (
                "NCCL could not connect to a peer: {why}"),
             _p(r"Call to connect returned (?P<why>[A-Za-z][A-Za-z ]{2,60}), retrying",
                "NCCL's connect was refused or timed out and is retrying: {why}"),
+            # gloo's own TCP connect to a peer ("pair.cc:799] connect [10.0.0.2]:29591:
+            # Connection refused"; the address may be on the next line)
+            _p(r"gloo/transport/tcp/pair\.cc:\d{1,6}\] connect(?: \[?(?P<peer>[^\]\s]{1,80})\]?:"
+               r"(?P<port>\d{1,5}): (?P<why>[A-Z][A-Za-z ]{2,40}))?",
+               "gloo could not open its TCP connection to a peer", follow=1),
             _p(r"socketPollConnect[^\n]{0,160}?(?P<why>Connection timed out|Connection refused|"
                r"No route to host)",
                "NCCL's connect to a peer failed: {why}"),
@@ -591,6 +603,9 @@ _LATER: tuple[Rule, ...] = (
                "the ProcessGroupNCCL watchdog made no progress for {s} s (an NCCL call hangs)"),
             _p(r"Watchdog caught collective operation timeout",
                "the NCCL watchdog aborted a collective after its timeout"),
+            # the stack the watchdog's timeout exception prints (a paste may hold only that)
+            _p(r"WorkNCCL::checkTimeout|Exception raised from checkTimeout",
+               "the NCCL watchdog's timeout check raised (the stack of a collective timeout)"),
             _p(r"Timed out waiting (?P<ms>\d{1,12})ms for (?:recv|send) operation",
                "a gloo collective timed out after {ms} ms"),
             _p(r"failed to pass monitoredBarrier", "ranks failed to reach a monitored barrier"),
@@ -635,7 +650,10 @@ ANCHORS: tuple[bytes, ...] = (
     # subprocess", "return code" and memory report, Lightning's "terminated with code"
     # (Slurm's oom-kill and CANCELLED lines and subprocess's "<Signals." come with "error")
     b'", line ', b"Kill", b"return code", b"CPU Virtual Memory", b"terminated with",
-    b"_env_error(", b"GPU is lost", b"SMI has failed", b"low on resource",
+    b"GPU is lost", b"SMI has failed", b"low on resource",
+    # lines of a failure that hold none of the words above
+    b"is insufficient for CUDA", b"ommand not found",
+    b"currently not installed",
     # one pass for mp.spawn's "terminated with signal", torchrun's "closing signal" and its own
     # "Received 15 death signal" / "got signal: 15"
     b" signal",

@@ -71,6 +71,8 @@ SETUP_RULES: tuple[Rule, ...] = (
             _p(r"system has unsupported display driver / cuda driver combination",
                "the kernel driver and the CUDA driver library do not match (a driver update "
                "without a reboot, or a container's mismatched libcuda)"),
+            _p(r"the provided PTX was compiled with an unsupported toolchain",
+               "a kernel was compiled by a newer CUDA than the driver supports"),
             _p(r"forward compatibility was attempted on non supported HW",
                "CUDA forward compatibility was attempted on a GPU that does not support it (the "
                "image's compat libcuda is newer than the host's driver)"),
@@ -237,5 +239,115 @@ SETUP_RULES: tuple[Rule, ...] = (
             _p(r"device-side assert triggered", "a CUDA kernel's device-side assertion failed"),
         ),
         "RuntimeError: CUDA error: device-side assert triggered",
+    ),
+    Rule(
+        "GpuArchUnsupported", Layer.ENVIRONMENT, ORIGIN,
+        "this torch (or an extension) has no kernels for the GPU's architecture: install a torch "
+        "build whose CUDA supports it (a new GPU needs a recent CUDA: H100 sm_90 needs CUDA >= "
+        "11.8; `python -c 'import torch; print(torch.cuda.get_arch_list())'` lists the built "
+        "ones), and rebuild extensions with `TORCH_CUDA_ARCH_LIST` naming it",
+        (
+            _p(r"no kernel image is available for execution on the device",
+               "no kernel of this build runs on this GPU's architecture"),
+        ),
+        "RuntimeError: CUDA error: no kernel image is available for execution on the device",
+        progress=False,
+    ),
+    Rule(
+        "P2PUnsupported", Layer.HARDWARE, ORIGIN,
+        "CUDA peer-to-peer access between these GPUs is not supported or broken: check it with "
+        "`nvidia-smi topo -p2p r`; on GPUs or hosts without working P2P (many consumer GPUs, "
+        "PCIe ACS or an IOMMU in the way, some VMs) run with `NCCL_P2P_DISABLE=1` (slower), or "
+        "disable ACS / set the IOMMU to passthrough on the host",
+        (
+            _p(r"peer access is not supported between these two devices",
+               "CUDA peer access is not supported between two of the GPUs"),
+        ),
+        "RuntimeError: CUDA error: peer access is not supported between these two devices",
+    ),
+    Rule(
+        "CudaInitBeforeFork", Layer.MODEL, ORIGIN,
+        "CUDA was initialised in the parent before the worker processes were forked: do not "
+        "touch CUDA (`torch.cuda.*`, `.cuda()`, `.to('cuda')`) before the workers start; use "
+        "the 'spawn' start method (`mp.spawn`, `multiprocessing.set_start_method('spawn')`, "
+        "DataLoader `multiprocessing_context='spawn'`) or launch with torchrun, which starts "
+        "fresh processes",
+        (
+            _p(r"Cannot re-initialize CUDA in forked subprocess",
+               "a forked process tried to use CUDA that its parent had initialised"),
+            _p(r"Lightning can.t create new processes if CUDA is already initialized",
+               "Lightning could not fork its processes: CUDA was already initialised"),
+        ),
+        "RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with "
+        "multiprocessing, you must use the 'spawn' start method",
+        progress=False,
+    ),
+    Rule(
+        "NoTrainableParameters", Layer.MODEL, ORIGIN,
+        "DDP was given a module with no parameter that requires a gradient (a frozen model, a "
+        "loss or a helper such as an SMPL layer): do not wrap it in DistributedDataParallel, "
+        "only the trainable model; freeze parameters after wrapping, not the whole module",
+        (
+            _p(r"DistributedDataParallel is not needed when a module doesn't have any parameter "
+               r"that requires a gradient",
+               "DDP was given a module with no trainable parameter"),
+            _p(r"Expected at least one parameter",
+               "DDP was given a module with no parameter (torch 1.x's reducer)"),
+        ),
+        "RuntimeError: DistributedDataParallel is not needed when a module doesn't have any "
+        "parameter that requires a gradient.",
+        progress=False,
+    ),
+    Rule(
+        "BackendUnsupported", Layer.ENVIRONMENT, ORIGIN,
+        "the process group's backend cannot do what was asked: use backend='nccl' for CUDA "
+        "tensors on Linux (gloo takes no `device_ids` and lacks some collectives), a backend "
+        "that has the op, or the CPU tensors gloo wants; on Windows (gloo only) drop "
+        "device_ids and, for torchrun on torch 2.4+, set `USE_LIBUV=0`",
+        (
+            _p(r"not supported for the selected backend (?P<backend>\w{1,20})",
+               "the {backend} backend does not support an argument it was given"),
+            _p(r"ProcessGroup(?P<backend>NCCL|Gloo|MPI|UCC) does not support (?P<op>\w{1,40})",
+               "the {backend} backend does not support {op}"),
+            _p(r"Backend (?P<backend>\w{1,20}) does not support (?P<op>\w{1,40})",
+               "the {backend} backend does not support {op}"),
+            _p(r"use_libuv was requested but PyTorch was buil[dt] without libuv support",
+               "torchrun's store asked for libuv, which this torch (Windows) lacks: set "
+               "USE_LIBUV=0"),
+        ),
+        "RuntimeError: ProcessGroupGloo does not support reduce_scatter",
+        progress=False,
+    ),
+    Rule(
+        "LauncherNotFound", Layer.ENVIRONMENT, ORIGIN,
+        "the launcher the job calls is not installed or not on PATH here: install it (Slurm's "
+        "`srun` comes with the slurm client, and only works inside an allocation), activate "
+        "the environment that has torchrun / deepspeed / accelerate, or call it as "
+        "`python -m torch.distributed.run`; on a machine without Slurm launch with torchrun",
+        (
+            _p(r"(?P<cmd>srun|sbatch|salloc|torchrun|deepspeed|accelerate|mpirun|mpiexec): "
+               r"command not found",
+               "the command {cmd} is not installed or not on PATH"),
+            _p(r"The program '(?P<cmd>[\w.-]{1,40})' is currently not installed",
+               "the command {cmd} is not installed"),
+            _p(r"No such file or directory: '(?P<cmd>srun|torchrun|deepspeed|accelerate|mpirun)'",
+               "the command {cmd} is not installed or not on PATH"),
+        ),
+        "bash: srun: command not found",
+        progress=False,
+    ),
+    Rule(
+        "DiskFull", Layer.ENVIRONMENT, ORIGIN,
+        "a disk filled up (a checkpoint, a cache, the logs): `df -h` on the path it wrote "
+        "(the checkpoint dir, $TMPDIR, ~/.cache), free space or point it elsewhere; save on "
+        "rank 0 only (or with torch.distributed.checkpoint) and keep fewer checkpoints",
+        (
+            _p(r"PytorchStreamWriter failed writing file (?P<file>\S{1,200}): file write failed",
+               "torch.save could not write {file}: the disk is full"),
+            _p(r"Disk quota exceeded", "the disk quota is exceeded"),
+            _p(r"No space left on device", "a write failed: no space left on device"),
+        ),
+        "OSError: [Errno 28] No space left on device",
+        progress=False,
     ),
 )

@@ -263,6 +263,9 @@ def test_program_lines_name_their_reason(line: str, reason: str) -> None:
 def test_every_setup_pattern_has_a_program_line() -> None:
     lines = [line for line, _ in PROGRAM_LINES] + [t for t, _, _ in PUBLIC_NOTES]
     lines += [(FRESH / n).read_text() for n in ("trixie-58.log", "llamafactory-1213.log")]
+    lines += [line for line, _ in ROUND3_LINES]
+    lines += [(FRESH2 / n).read_text() for n in ("lightning-18728.log", "dct-3.log",
+                                                 "efficientcomputing-90.log", "autoreid-6.log")]
     for rule in SETUP_RULES:
         for pat in rule.patterns:
             assert any(pat.regex.search(line) for line in lines), pat.regex.pattern
@@ -277,3 +280,86 @@ def test_setup_rules_are_origins_with_a_remedy() -> None:
 def test_a_run_that_ended_by_shutting_the_rendezvous_is_no_rendezvous_timeout() -> None:
     log = (FRESH / "wespeaker-171.log").read_text()
     assert "RendezvousTimeout" not in reasons(log, "wespeaker-171.log")
+
+
+FRESH2 = Path(__file__).parent / "fresh2"
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    # the line holds no "rror": an anchor of its own
+    ("horovod-715.log", "CudaDriverMismatch"),
+    # the watchdog's C++ stack without its timeout line
+    ("particleflow-390.log", "CollectiveTimeout"),
+    # NCCL's WARN of a failed CUDA call, with nothing after it
+    ("nccl-1283.log", "NcclSystemError"),
+    ("autoreid-3.log", "LauncherNotFound"),
+    ("autoreid-6.log", "LauncherNotFound"),
+    ("lightning-18728.log", "CudaInitBeforeFork"),
+    ("dct-3.log", "NoTrainableParameters"),
+    ("efficientcomputing-90.log", "BackendUnsupported"),
+    # gloo's own connect, its address on the next line
+    ("colossalai-2407.log", "NcclConnectFailed"),
+])
+def test_real_logs_of_the_second_fresh_corpus(name: str, expected: str) -> None:
+    assert reasons((FRESH2 / name).read_text(), name)[:1] == [expected]
+
+
+def test_gloo_connect_names_the_peer_and_keeps_the_next_line() -> None:
+    one = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:799] connect "
+           "[10.0.0.2]:29591: Connection refused")
+    f = classify_texts([("job.log", one)]).findings[0]
+    assert f.reason == "NcclConnectFailed"
+    split = classify_texts([("x.log", (FRESH2 / "colossalai-2407.log").read_text())]).findings[0]
+    assert any("Connection refused" in e.text for e in split.evidence)
+
+
+ROUND3_LINES = [
+    ("RuntimeError: CUDA error: the provided PTX was compiled with an unsupported toolchain.",
+     "CudaDriverMismatch"),
+    ("RuntimeError: CUDA error: no kernel image is available for execution on the device",
+     "GpuArchUnsupported"),
+    ("node1:123:456 [1] include/alloc.h:48 NCCL WARN Cuda failure 'peer access is not supported "
+     "between these two devices'", "P2PUnsupported"),
+    ("RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with "
+     "multiprocessing, you must use the 'spawn' start method", "CudaInitBeforeFork"),
+    ("RuntimeError: DistributedDataParallel is not needed when a module doesn't have any "
+     "parameter that requires a gradient.", "NoTrainableParameters"),
+    ("RuntimeError: ProcessGroupGloo does not support reduce_scatter", "BackendUnsupported"),
+    ("RuntimeError: Backend gloo does not support allgather_coalesced", "BackendUnsupported"),
+    ("torch.distributed.DistStoreError: use_libuv was requested but PyTorch was build without "
+     "libuv support", "BackendUnsupported"),
+    ("/var/spool/slurmd/job123/slurm_script: line 12: torchrun: command not found",
+     "LauncherNotFound"),
+    ("FileNotFoundError: [Errno 2] No such file or directory: 'srun'", "LauncherNotFound"),
+    ("RuntimeError: [enforce fail at inline_container.cc:595] . PytorchStreamWriter failed "
+     "writing file data/12: file write failed", "DiskFull"),
+    ("OSError: [Errno 122] Disk quota exceeded: '/home/u/ckpt/epoch_3.pt'", "DiskFull"),
+    ("OSError: [Errno 28] No space left on device", "DiskFull"),
+    ("[E ProcessGroupNCCL.cpp:475] Exception raised from checkTimeout at "
+     "../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:565 (most recent call first):",
+     "CollectiveTimeout"),
+    ("Killed", "RankKilled"),
+]
+
+
+@pytest.mark.parametrize(("line", "reason"), ROUND3_LINES, ids=[r for _, r in ROUND3_LINES])
+def test_round_three_lines_name_their_reason(line: str, reason: str) -> None:
+    assert reasons(line)[:1] == [reason]
+
+
+def test_a_full_dev_shm_is_still_shm_not_a_full_disk() -> None:
+    line = ("RuntimeError: unable to write to file </torch_1234_567_0>: No space left on device "
+            "(28)")
+    assert reasons(line) == ["ShmExhausted"]
+
+
+def test_a_bare_killed_inside_a_line_is_no_kill() -> None:
+    assert reasons("epoch 3: 12 jobs Killed by the user earlier, resuming") == []
+
+
+def test_no_anchor_holds_another() -> None:
+    """Each anchor is one pass over every block: one that holds another finds nothing more."""
+    from preflight.explain.rules import ANCHORS
+
+    assert len(set(ANCHORS)) == len(ANCHORS)
+    assert [(a, b) for a in ANCHORS for b in ANCHORS if a != b and b in a] == []

@@ -21,6 +21,7 @@ from preflight.explain.matching import (
     FRAMES,
     collective_frame,
     frame_call,
+    job_exception,
     last_error_detail,
     match_frame,
     match_line,
@@ -46,6 +47,11 @@ DETAIL_AFTER, DETAIL_BEFORE = 4, 2
 #: How many lines after a collective's traceback frame its exception line may come (the frames
 #: below it, the source lines, a chained "During handling" block).
 COLLECTIVE_SPAN = 40
+#: How many lines after the last traceback frame its exception line comes (the source line, and
+#: Python 3.11's ``^^^^`` markers).
+EXCEPTION_SPAN = 4
+#: The reason of an exception the job's own code raised.
+SCRIPT_EXCEPTION = "ScriptException"
 _FILE_RANK = re.compile(r"(?:rank[_-]?|attempt_\d{1,5}/)(\d{1,7})(?:\D|$)")
 
 
@@ -84,6 +90,7 @@ class Classifier:
         self._frame_wait: tuple[str, int, str] | None = None
         self._frames: dict[int | None, _Frame] = {}
         self._collective: tuple[int, str] | None = None
+        self._last_frame: tuple[int, str, str] | None = None
         self.facts = LogFacts()
         self._progress = ProgressTracker(MAX_RANKS, self.facts.see)
         self._nccl_capped = 0
@@ -109,6 +116,7 @@ class Classifier:
         self._tail = []
         self._frame_wait = None
         self._collective = None
+        self._last_frame = None
 
     def count_source(self, source: str) -> None:
         """Name a source read elsewhere (a flight recorder dump) among those read."""
@@ -148,6 +156,7 @@ class Classifier:
                 self._detail_window(block, start, end, line_no + 1, visited)
             call = frame_call(text)
             if call is not None:
+                self._last_frame = (line_no + 1, call[0], call[2])
                 inside = collective_frame(call)
                 if inside is not None:
                     self._collective = (line_no + 1, call[1]) if inside else None
@@ -250,6 +259,8 @@ class Classifier:
         self.facts.observe(text, line_no)
         hit = match_line(text)
         follow = self._take(hit, text, line_no) if hit is not None else []
+        if hit is None:
+            self._script_exception(text, line_no)
         detail = last_error_detail(text)
         if detail is not None:
             self.facts.heard(detail)
@@ -307,6 +318,28 @@ class Classifier:
         if len(acc.messages) < 3:
             acc.messages[message] = None
         return acc
+
+    def _script_exception(self, text: str, line_no: int) -> None:
+        """Count a traceback's exception line no rule knows when the frame just above it is in
+        the job's own file: the job's code raised it."""
+        if self._last_frame is None:
+            return
+        at, file, no = self._last_frame
+        if not 0 < line_no - at <= EXCEPTION_SPAN:
+            return
+        exc = job_exception(text, file)
+        if exc is None:
+            return
+        cls, msg = exc
+        rule = BY_REASON[SCRIPT_EXCEPTION]
+        rank = self._rank_of(text)
+        self._commit_frame(rank)
+        name = file.replace("\\", "/").rsplit("/", 1)[-1]
+        acc = self._count(rule, None, rule.layer,
+                          f"the job's code raised {cls} at {name}:{no}: {msg[:160]}", line_no)
+        self._evidence(acc, line_no, text, self.max_evidence)
+        if rank is not None:
+            self._add_rank(acc, rank)
 
     def _in_collective(self, line_no: int) -> str | None:
         """The collective whose traceback frame came just above ``line_no``, if one did."""

@@ -36,19 +36,19 @@ def match_line(text: str) -> tuple[Rule, Pattern, re.Match[str]] | None:
     return None
 
 
-def frame_call(text: str) -> tuple[str, str] | None:
-    """``(file, function)`` of a traceback frame line, else None."""
+def frame_call(text: str) -> tuple[str, str, str] | None:
+    """``(file, function, line number)`` of a traceback frame line, else None."""
     if '", line ' not in text:
         return None
     m = FRAME_LINE.search(text, 0, MAX_MATCH_CHARS)
-    return None if m is None else (m.group("file"), m.group("func"))
+    return None if m is None else (m.group("file"), m.group("func"), m.group("no"))
 
 
-def collective_frame(call: tuple[str, str]) -> bool | None:
+def collective_frame(call: tuple[str, str, str]) -> bool | None:
     """True for a frame inside one of torch.distributed's collectives, False for one of its
     rendezvous or init (which a traceback of the ranks meeting runs through), None for any
     other frame."""
-    file, function = call
+    file, function, _ = call
     if "distributed" not in file:
         return None
     if function in COLLECTIVE_FUNCTIONS:
@@ -74,3 +74,32 @@ def last_error_detail(text: str) -> str | None:
         return None
     m = _LAST_ERROR.search(text, 0, MAX_MATCH_CHARS)
     return m.group("detail") if m else None
+
+
+#: The last line of a Python traceback: ``ValueError: ...``, ``pkg.mod.SomeError: ...``.
+_EXCEPTION_LINE = re.compile(r"^\s{0,8}(?:\[[^\]\n]{1,40}\]:\s{0,2})?"
+                             r"(?P<cls>(?:[A-Za-z_]\w{0,40}\.){0,6}[A-Z]\w{0,60}Error): "
+                             r"(?P<msg>[^\n]{1,300})")
+#: Exceptions that, raised from the job's own file, are the job's own: Python's, not a library's
+#: (a library's errors raised through the job's line, such as CUDA's, have rules of their own).
+#: An import that fails is the environment's, and no business of a distributed-training triage.
+JOB_EXCEPTIONS = frozenset({
+    "ValueError", "TypeError", "KeyError", "IndexError", "AttributeError", "AssertionError",
+    "ZeroDivisionError", "NotImplementedError", "RuntimeError", "OSError",
+    "RecursionError", "LookupError", "PermissionError",
+})
+#: Paths of installed code, not the job's.
+_INSTALLED = ("site-packages", "dist-packages", "/lib/python", "\\lib\\", "<frozen", "/torch/",
+              "/usr/lib/", "<string>")
+
+
+def job_exception(text: str, frame_file: str) -> tuple[str, str] | None:
+    """``(class, message)`` when ``text`` is a traceback's exception line of a Python
+    exception and the frame above it is in the job's own file, else None."""
+    if any(part in frame_file for part in _INSTALLED):
+        return None
+    m = _EXCEPTION_LINE.search(text, 0, MAX_MATCH_CHARS)
+    if m is None:
+        return None
+    cls = m.group("cls").rsplit(".", 1)[-1]
+    return (cls, m.group("msg")) if cls in JOB_EXCEPTIONS else None

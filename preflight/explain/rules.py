@@ -67,6 +67,10 @@ _FIRST: tuple[Rule, ...] = (
         "(https://pytorch.org/docs/stable/distributed.html#environment-variable-initialization); "
         "under srun map SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID",
         (
+            _p(r"using (?P<scheme>tcp|file|env)://[^:\n]{0,40}: (?P<what>rank|world size) "
+               r"parameter missing",
+               "init_process_group got no {what} ({scheme}:// rendezvous): pass rank= and "
+               "world_size=, or launch with torchrun and use env://"),
             _p(r"environment variable (?P<var>[A-Z_]{2,40}) expected, but not set",
                "the launcher variable {var} is not set (env:// rendezvous)"),
             _p(r"Invalid environment variable:? (?P<var>[A-Z_]{2,40})",

@@ -130,9 +130,6 @@ SETUP_RULES: tuple[Rule, ...] = (
             _p(r"Error building extension '(?P<ext>[\w.-]{1,80})'",
                "the extension {ext} could not be built (its CUDA toolkit or compiler does not "
                "match torch's: read the compiler's first error above)"),
-            _p(r"Distributed package doesn't have NCCL built in",
-               "this torch has no NCCL (a CPU or non-Linux build): use backend='gloo' or a "
-               "CUDA build of torch"),
         ),
         "ImportError: /opt/venv/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so: "
         "undefined symbol: ncclCommRegister",
@@ -311,6 +308,12 @@ SETUP_RULES: tuple[Rule, ...] = (
                "the {backend} backend does not support {op}"),
             _p(r"Backend (?P<backend>\w{1,20}) does not support (?P<op>\w{1,40})",
                "the {backend} backend does not support {op}"),
+            _p(r"Distributed package doesn't have NCCL bu(?:il|li)t in",
+               "this torch has no NCCL (a CPU, Windows or macOS build): use backend='gloo' or "
+               "a CUDA build of torch on Linux"),
+            _p(r"TCP backend has been deprecated",
+               "the 'tcp' backend was removed from torch.distributed long ago: use 'gloo' "
+               "(CPU) or 'nccl' (GPU)"),
             _p(r"use_libuv was requested but PyTorch was buil[dt] without libuv support",
                "torchrun's store asked for libuv, which this torch (Windows) lacks: set "
                "USE_LIBUV=0"),
@@ -349,5 +352,29 @@ SETUP_RULES: tuple[Rule, ...] = (
         ),
         "OSError: [Errno 28] No space left on device",
         progress=False,
+    ),
+    Rule(
+        "ScriptException", Layer.MODEL, ORIGIN,
+        "the job's own Python code raised it: read the traceback's last frame (the job's "
+        "file and line) and fix the script or its input (a path or dataset that is not there, "
+        "an attribute or API the installed version lacks: pin the versions the code was "
+        "written for); it is the job's fault, not the node's",
+        (
+            _p(r"(?:^|[\]:]\s{0,2})(?P<cls>NameError|SyntaxError|IndentationError|"
+               r"UnboundLocalError): (?P<msg>[^\n]{1,200})",
+               "the job's code raised {cls}: {msg}"),
+            _p(r"FileNotFoundError: (?P<msg>[^\n]{1,200})",
+               "a file or directory the job needs is not there: {msg}"),
+            # Python's own words for a name the code uses that the object or module lacks
+            _p(r"AttributeError: '(?P<obj>\w{1,80})' object has no attribute '(?P<attr>\w{1,80})'",
+               "the job's code asked a {obj} for {attr}, which it has not"),
+            _p(r"AttributeError: module '(?P<mod>[\w.]{1,80})' has no attribute "
+               r"'(?P<attr>\w{1,80})'",
+               "{mod} has no {attr}: the installed version is not the one the code was written "
+               "for"),
+        ),
+        "NameError: name '_ddp_dict' is not defined",
+        progress=False,
+        generic=True,
     ),
 )

@@ -150,9 +150,14 @@ def test_no_healthy_log_is_flagged(corpus: Corpus) -> None:
     assert len(healthy(corpus)) >= corpus.healthy
 
 
-@pytest.mark.xfail(strict=True, reason="the fresh corpora miss the targets: docs/explain.md "
-                                       "lists their misses by shape")
-@pytest.mark.parametrize("corpus", CORPORA, ids=lambda c: c.name)
+#: The corpora whose score guided no rule yet: the targets are measured on these only (on a
+#: development set meeting them says nothing).
+MEASURING = tuple(c for c in CORPORA if c.name == "fresh4")
+
+
+@pytest.mark.xfail(strict=True, reason="the fresh corpus misses the targets: docs/explain.md "
+                                       "lists its misses by shape")
+@pytest.mark.parametrize("corpus", MEASURING, ids=lambda c: c.name)
 def test_the_targets_are_met(corpus: Corpus) -> None:
     recognised, first = score(corpus)
     assert recognised >= 0.95 and first >= 0.90

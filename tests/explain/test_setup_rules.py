@@ -189,7 +189,7 @@ PROGRAM_LINES = [
      "LibraryMismatch"),
     ("OSError: The detected CUDA version (11.8) mismatches the version that was used to compile "
      "PyTorch (12.1). Please make sure to use the same CUDA versions.", "LibraryMismatch"),
-    ("RuntimeError: Distributed package doesn't have NCCL built in", "LibraryMismatch"),
+    ("RuntimeError: Distributed package doesn't have NCCL built in", "BackendUnsupported"),
     ("srun: error: Task launch for StepId=36.0 failed on node cn131: Invalid job credential",
      "SlurmCredentialError"),
     ("slurmd: error: Munge decode failed: Rewound credential", "SlurmCredentialError"),
@@ -264,6 +264,7 @@ def test_every_setup_pattern_has_a_program_line() -> None:
     lines = [line for line, _ in PROGRAM_LINES] + [t for t, _, _ in PUBLIC_NOTES]
     lines += [(FRESH / n).read_text() for n in ("trixie-58.log", "llamafactory-1213.log")]
     lines += [line for line, _ in ROUND3_LINES]
+    lines += [line for line, _ in ROUND4_LINES]
     lines += [(FRESH2 / n).read_text() for n in ("lightning-18728.log", "dct-3.log",
                                                  "efficientcomputing-90.log", "autoreid-6.log")]
     for rule in SETUP_RULES:
@@ -363,3 +364,64 @@ def test_no_anchor_holds_another() -> None:
 
     assert len(set(ANCHORS)) == len(ANCHORS)
     assert [(a, b) for a in ANCHORS for b in ANCHORS if a != b and b in a] == []
+
+
+ROUND4_LINES = [
+    ("ValueError: TCP backend has been deprecated. Please use Gloo or MPI backends for collective "
+     "operations on CPU tensors.", "BackendUnsupported"),
+    ("ValueError: Error initializing torch.distributed using tcp:// rendezvous: rank parameter "
+     "missing", "MissingLauncherEnv"),
+    ("NameError: name '_ddp_dict' is not defined", "ScriptException"),
+    ("[rank0]: SyntaxError: invalid syntax", "ScriptException"),
+    ("FileNotFoundError: [Errno 2] No such file or directory: '/data/imagenet/train'",
+     "ScriptException"),
+    ("AttributeError: 'DistributedDataParallel' object has no attribute 'generate'",
+     "ScriptException"),
+    ("AttributeError: module 'torch.distributed' has no attribute 'all_gather_into_tensor'",
+     "ScriptException"),
+]
+
+
+@pytest.mark.parametrize(("line", "reason"), ROUND4_LINES, ids=[r for _, r in ROUND4_LINES])
+def test_round_four_lines_name_their_reason(line: str, reason: str) -> None:
+    assert reasons(line)[:1] == [reason]
+
+
+_JOB_TRACEBACK = """Traceback (most recent call last):
+  File "/home/u/proj/train.py", line 88, in <module>
+    main()
+  File "/home/u/proj/train.py", line 61, in main
+    raise ValueError(f"unknown optimizer {name}")
+ValueError: unknown optimizer adamw8
+"""
+
+
+def test_an_exception_raised_in_the_jobs_own_file_is_the_jobs() -> None:
+    f = classify_texts([("job.log", _JOB_TRACEBACK)]).findings
+    assert [d.reason for d in f] == ["ScriptException"]
+    assert "ValueError at train.py:61: unknown optimizer adamw8" in f[0].message
+
+
+def test_an_exception_raised_in_installed_code_is_not_called_the_jobs() -> None:
+    lib = _JOB_TRACEBACK.replace(
+        '  File "/home/u/proj/train.py", line 61, in main\n',
+        '  File "/home/u/proj/train.py", line 61, in main\n    opt = build(name)\n'
+        '  File "/opt/venv/lib/python3.11/site-packages/mylib/optim.py", line 9, in build\n')
+    assert reasons(lib) == []
+
+
+def test_an_import_that_fails_is_not_called_the_jobs_bug() -> None:
+    imp = _JOB_TRACEBACK.replace("ValueError: unknown optimizer adamw8",
+                                 "ImportError: cannot import name 'FusedAdam' from 'apex'")
+    assert reasons(imp) == []
+
+
+def test_a_specific_cause_goes_before_the_jobs_exception() -> None:
+    log = _JOB_TRACEBACK + "RuntimeError: CUDA error: out of memory\n"
+    assert reasons(log) == ["CudaOutOfMemory", "ScriptException"]
+
+
+def test_a_python_exception_far_below_the_frame_is_not_read_as_its_end() -> None:
+    far = _JOB_TRACEBACK.replace("ValueError: unknown", "step 1\nstep 2\nstep 3\nstep 4\n"
+                                 "ValueError: unknown")
+    assert reasons(far) == []

@@ -335,8 +335,9 @@ class Classifier:
         rank = self._rank_of(text)
         self._commit_frame(rank)
         name = file.replace("\\", "/").rsplit("/", 1)[-1]
+        said = f": {msg[:160]}" if msg else " (no message)"
         acc = self._count(rule, None, rule.layer,
-                          f"the job's code raised {cls} at {name}:{no}: {msg[:160]}", line_no)
+                          f"the job's code raised {cls} at {name}:{no}{said}", line_no)
         self._evidence(acc, line_no, text, self.max_evidence)
         if rank is not None:
             self._add_rank(acc, rank)

@@ -78,8 +78,8 @@ def last_error_detail(text: str) -> str | None:
 
 #: The last line of a Python traceback: ``ValueError: ...``, ``pkg.mod.SomeError: ...``.
 _EXCEPTION_LINE = re.compile(r"^\s{0,8}(?:\[[^\]\n]{1,40}\]:\s{0,2})?"
-                             r"(?P<cls>(?:[A-Za-z_]\w{0,40}\.){0,6}[A-Z]\w{0,60}Error): "
-                             r"(?P<msg>[^\n]{1,300})")
+                             r"(?P<cls>(?:[A-Za-z_]\w{0,40}\.){0,6}[A-Z]\w{0,60}Error)"
+                             r"(?:: (?P<msg>[^\n]{1,300})|\s{0,4}$)")
 #: Exceptions that, raised from the job's own file, are the job's own: Python's, not a library's
 #: (a library's errors raised through the job's line, such as CUDA's, have rules of their own).
 #: An import that fails is the environment's, and no business of a distributed-training triage.
@@ -102,4 +102,4 @@ def job_exception(text: str, frame_file: str) -> tuple[str, str] | None:
     if m is None:
         return None
     cls = m.group("cls").rsplit(".", 1)[-1]
-    return (cls, m.group("msg")) if cls in JOB_EXCEPTIONS else None
+    return (cls, m.group("msg") or "") if cls in JOB_EXCEPTIONS else None

@@ -274,6 +274,13 @@ _FIRST: tuple[Rule, ...] = (
         (
             _p(r"Expected all tensors to be on the same device",
                "an op got tensors on different devices"),
+            # torch 1.x's words
+            _p(r"expected device (?P<want>cuda:\d{1,4}|cpu) but got device "
+               r"(?P<got>cuda:\d{1,4}|cpu)",
+               "an op expected {want} but got a tensor on {got}"),
+            _p(r"Expected object of device type (?P<want>\w{1,10}) but got device type "
+               r"(?P<got>\w{1,10})",
+               "an op expected a {want} tensor but got a {got} one"),
             _p(r"Tensors must be CUDA and dense|No backend type associated with device type cpu",
                "a CPU tensor was passed to an NCCL collective"),
             _p(r"module must have its parameters and buffers on device (?P<want>cuda:\d{1,4})",
@@ -657,7 +664,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"GPU is lost", b"SMI has failed", b"low on resource",
     # lines of a failure that hold none of the words above
     b"is insufficient for CUDA", b"ommand not found",
-    b"currently not installed",
+    b"currently not installed", b"Assertion `",
     # one pass for mp.spawn's "terminated with signal", torchrun's "closing signal" and its own
     # "Received 15 death signal" / "got signal: 15"
     b" signal",

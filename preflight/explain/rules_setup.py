@@ -234,6 +234,10 @@ SETUP_RULES: tuple[Rule, ...] = (
         "check the data",
         (
             _p(r"device-side assert triggered", "a CUDA kernel's device-side assertion failed"),
+            # the kernel's own line (printed before the error, or alone in a paste)
+            _p(r"(?P<file>\w{1,80}\.cu):\d{1,6}: (?P<kernel>\w{1,120}): block: \[[\d,]{1,30}\], "
+               r"thread: \[[\d,]{1,30}\] Assertion .(?P<cond>[^`'\n]{1,120}). failed",
+               "the CUDA kernel {kernel} ({file}) failed its assertion `{cond}`"),
         ),
         "RuntimeError: CUDA error: device-side assert triggered",
     ),

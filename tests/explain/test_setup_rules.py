@@ -265,6 +265,7 @@ def test_every_setup_pattern_has_a_program_line() -> None:
     lines += [(FRESH / n).read_text() for n in ("trixie-58.log", "llamafactory-1213.log")]
     lines += [line for line, _ in ROUND3_LINES]
     lines += [line for line, _ in ROUND4_LINES]
+    lines += [line for line, _ in ROUND5_LINES]
     lines += [(FRESH2 / n).read_text() for n in ("lightning-18728.log", "dct-3.log",
                                                  "efficientcomputing-90.log", "autoreid-6.log")]
     for rule in SETUP_RULES:
@@ -425,3 +426,44 @@ def test_a_python_exception_far_below_the_frame_is_not_read_as_its_end() -> None
     far = _JOB_TRACEBACK.replace("ValueError: unknown", "step 1\nstep 2\nstep 3\nstep 4\n"
                                  "ValueError: unknown")
     assert reasons(far) == []
+
+
+FRESH4 = Path(__file__).parent / "fresh4"
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    # a bare AssertionError after the job's own frame
+    ("mmdetection-6588.log", "ScriptException"),
+    # torch 1.x's device words
+    ("amodalsegmentationbasedonvisibleregionsegmentationandshapeprior-6.log", "DeviceMismatch"),
+    # the kernel's assertion lines, without the "device-side assert triggered" line
+    ("megatronllama-14.log", "DeviceSideAssert"),
+])
+def test_real_logs_of_the_fourth_fresh_corpus(name: str, expected: str) -> None:
+    assert reasons((FRESH4 / name).read_text(), name)[:1] == [expected]
+
+
+ROUND5_LINES = [
+    ("/pytorch/aten/src/ATen/native/cuda/Loss.cu:242: nll_loss_forward_reduce_cuda_kernel_2d: "
+     "block: [0,0,0], thread: [5,0,0] Assertion `t >= 0 && t < n_classes` failed.",
+     "DeviceSideAssert"),
+    ("RuntimeError: Expected object of device type cuda but got device type cpu for argument #1 "
+     "'self' in call to _th_addmm", "DeviceMismatch"),
+]
+
+
+@pytest.mark.parametrize(("line", "reason"), ROUND5_LINES, ids=[r for _, r in ROUND5_LINES])
+def test_round_five_lines_name_their_reason(line: str, reason: str) -> None:
+    assert reasons(line)[:1] == [reason]
+
+
+def test_a_bare_exception_line_says_it_had_no_message() -> None:
+    bare = _JOB_TRACEBACK.replace("ValueError: unknown optimizer adamw8", "AssertionError")
+    f = classify_texts([("job.log", bare)]).findings
+    assert [d.reason for d in f] == ["ScriptException"]
+    assert f[0].message.startswith("the job's code raised AssertionError at train.py:61 (no ")
+
+
+def test_a_c_assert_of_another_program_is_no_cuda_kernel_assert() -> None:
+    assert reasons("python: malloc.c:2379: sysmalloc: Assertion `(old_top == initial_top (av) "
+                   "&& old_size == 0)' failed.") == []

@@ -8,7 +8,10 @@ threads was read, from threads used for no rule, each scored once on the rules o
   the third round, so it is a development set now too.
 * ``fresh3/`` (fresh3/RULE.md): gathered the same way while the third round was written;
   a development set since its score guided the fourth.
-* ``fresh4/`` (fresh4/RULE.md): gathered the same way while the fourth round was written.
+* ``fresh4/`` (fresh4/RULE.md): gathered the same way while the fourth round was written; a
+  development set since its score guided the fifth.
+* ``fresh5/`` (fresh5/RULE.md): gathered the same way while the fifth round was written; never
+  tuned on.
 
 The figures are those of docs/explain.md. A floor is the score the corpus gave when it was first
 scored, so that a change that loses ground shows; the targets (95 % recognised, 90 % right cause
@@ -51,6 +54,8 @@ CORPORA = (
            ("corpus", "fresh", "fresh2")),
     Corpus("fresh4", 26, (5 / 15, 5 / 15), 0, "fourth fresh corpus",
            ("corpus", "fresh", "fresh2", "fresh3")),
+    Corpus("fresh5", 26, (4 / 10, 4 / 10), 0, "fifth fresh corpus",
+           ("corpus", "fresh", "fresh2", "fresh3", "fresh4")),
 )
 
 
@@ -123,7 +128,7 @@ def test_no_thread_was_used_for_a_rule_or_an_earlier_corpus(corpus: Corpus) -> N
         assert 1 <= c.query <= corpus.queries
 
 
-@pytest.mark.parametrize("name", ["fresh2", "fresh3", "fresh4"])
+@pytest.mark.parametrize("name", ["fresh2", "fresh3", "fresh4", "fresh5"])
 def test_a_corpus_took_no_thread_it_had_set_aside(name: str) -> None:
     """A thread skipped (its excerpt lacks the cause) or rejected is not in the manifest."""
     folder = HERE / name
@@ -155,7 +160,7 @@ def test_no_healthy_log_is_flagged(corpus: Corpus) -> None:
 
 #: The corpora whose score guided no rule yet: the targets are measured on these only (on a
 #: development set meeting them says nothing).
-MEASURING = tuple(c for c in CORPORA if c.name == "fresh4")
+MEASURING = tuple(c for c in CORPORA if c.name == "fresh5")
 
 
 @pytest.mark.xfail(strict=True, reason="the fresh corpus misses the targets: docs/explain.md "

@@ -335,8 +335,6 @@ SETUP_RULES: tuple[Rule, ...] = (
             _p(r"(?P<cmd>srun|sbatch|salloc|torchrun|deepspeed|accelerate|mpirun|mpiexec): "
                r"command not found",
                "the command {cmd} is not installed or not on PATH"),
-            _p(r"The program '(?P<cmd>[\w.-]{1,40})' is currently not installed",
-               "the command {cmd} is not installed"),
             _p(r"No such file or directory: '(?P<cmd>srun|torchrun|deepspeed|accelerate|mpirun)'",
                "the command {cmd} is not installed or not on PATH"),
         ),

@@ -27,6 +27,9 @@ def section() -> str:
             names = ", ".join(f"`{f.function}`" for f in rule.frames)
             out += ["Also recognised from a traceback cut before its last line, by its frames: "
                     f"{names}.", ""]
+        if rule.job_frames:
+            out += ["Also: a traceback's last line that no pattern knows, a plain Python exception "
+                    "raised in a frame of the job's own file (not installed code).", ""]
         out += [f"Fix: {rule.remedy}", ""]
     return "\n".join(out).rstrip("\n") + "\n"
 

@@ -32,6 +32,7 @@ from preflight.explain.ranks import line_rank, plural
 from preflight.explain.rules import (
     ANCHORS,
     BY_REASON,
+    JOB_EXCEPTION_RULE,
     KILLED,
     ORIGIN,
     SYMPTOM,
@@ -50,8 +51,6 @@ COLLECTIVE_SPAN = 40
 #: How many lines after the last traceback frame its exception line comes (the source line, and
 #: Python 3.11's ``^^^^`` markers).
 EXCEPTION_SPAN = 4
-#: The reason of an exception the job's own code raised.
-SCRIPT_EXCEPTION = "ScriptException"
 _FILE_RANK = re.compile(r"(?:rank[_-]?|attempt_\d{1,5}/)(\d{1,7})(?:\D|$)")
 
 
@@ -274,8 +273,7 @@ class Classifier:
         rule, pat, m = hit
         groups = {k: v for k, v in m.groupdict().items() if v is not None}
         template = pat.message
-        op = self._in_collective(line_no)
-        if pat.in_collective is not None and op is not None:
+        if pat.in_collective is not None and (op := self._in_collective(line_no)) is not None:
             reason, template = pat.in_collective
             rule = BY_REASON[reason]
             groups["op"] = op
@@ -322,7 +320,8 @@ class Classifier:
     def _script_exception(self, text: str, line_no: int) -> None:
         """Count a traceback's exception line no rule knows when the frame just above it is in
         the job's own file: the job's code raised it."""
-        if self._last_frame is None:
+        rule = JOB_EXCEPTION_RULE
+        if self._last_frame is None or rule is None:
             return
         at, file, no = self._last_frame
         if not 0 < line_no - at <= EXCEPTION_SPAN:
@@ -331,7 +330,6 @@ class Classifier:
         if exc is None:
             return
         cls, msg = exc
-        rule = BY_REASON[SCRIPT_EXCEPTION]
         rank = self._rank_of(text)
         self._commit_frame(rank)
         name = file.replace("\\", "/").rsplit("/", 1)[-1]

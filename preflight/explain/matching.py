@@ -78,7 +78,7 @@ def last_error_detail(text: str) -> str | None:
 
 #: The last line of a Python traceback: ``ValueError: ...``, ``pkg.mod.SomeError: ...``.
 _EXCEPTION_LINE = re.compile(r"^\s{0,8}(?:\[[^\]\n]{1,40}\]:\s{0,2})?"
-                             r"(?P<cls>(?:[A-Za-z_]\w{0,40}\.){0,6}[A-Z]\w{0,60}Error)"
+                             r"(?P<cls>[A-Za-z_][\w.]{0,240}Error)"
                              r"(?:: (?P<msg>[^\n]{1,300})|\s{0,4}$)")
 #: Exceptions that, raised from the job's own file, are the job's own: Python's, not a library's
 #: (a library's errors raised through the job's line, such as CUDA's, have rules of their own).

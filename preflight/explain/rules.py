@@ -671,6 +671,8 @@ ANCHORS: tuple[bytes, ...] = (
 )
 
 BY_REASON: dict[str, Rule] = {r.reason: r for r in RULES}
+#: The rule that takes an exception the job's own code raised (``Rule.job_frames``), if any.
+JOB_EXCEPTION_RULE: Rule | None = next((r for r in RULES if r.job_frames), None)
 
 #: Signal numbers torchrun prints as a negative exit code (``exitcode: -9``), and the likely
 #: cause ``RankKilled`` names for each.
@@ -692,5 +694,6 @@ SIGNAL_HINTS: dict[str, str] = {
               "scheduler)",
 }
 
-__all__ = ["ANCHORS", "BY_REASON", "KILLED", "ORIGIN", "RULES", "SIGNAL_HINTS", "SIGNAL_NAMES",
-           "SIGNAL_WORDS", "SYMPTOM", "WRAPPER", "Frame", "Hook", "Layer", "Pattern", "Rule"]
+__all__ = ["ANCHORS", "BY_REASON", "JOB_EXCEPTION_RULE", "KILLED", "ORIGIN", "RULES",
+           "SIGNAL_HINTS", "SIGNAL_NAMES", "SIGNAL_WORDS", "SYMPTOM", "WRAPPER", "Frame", "Hook",
+           "Layer", "Pattern", "Rule"]

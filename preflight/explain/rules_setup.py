@@ -378,5 +378,6 @@ SETUP_RULES: tuple[Rule, ...] = (
         "NameError: name '_ddp_dict' is not defined",
         progress=False,
         generic=True,
+        job_frames=True,
     ),
 )

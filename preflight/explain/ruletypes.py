@@ -99,6 +99,9 @@ class Rule:
             for failures before training starts, where progress says nothing).
         generic: an error code that wraps a more specific cause (ncclSystemError): any other
             finding of its tier goes before it.
+        job_frames: it also takes a traceback's last line that no pattern knows, when that
+            line is a plain Python exception raised in a frame of the job's own file (not
+            installed code): the job's code raised it.
     """
 
     reason: str
@@ -111,6 +114,7 @@ class Rule:
     hook: Hook = Hook.NONE
     progress: bool = True
     generic: bool = False
+    job_frames: bool = False
 
 
 def pattern(regex: str, message: str, *, layer: Layer | None = None, follow: int = 0,

@@ -303,8 +303,8 @@ SETUP_RULES: tuple[Rule, ...] = (
         "BackendUnsupported", Layer.ENVIRONMENT, ORIGIN,
         "the process group's backend cannot do what was asked: use backend='nccl' for CUDA "
         "tensors on Linux (gloo takes no `device_ids` and lacks some collectives), a backend "
-        "that has the op, or the CPU tensors gloo wants; on Windows (gloo only) drop "
-        "device_ids and, for torchrun on torch 2.4+, set `USE_LIBUV=0`",
+        "that has the op, or the CPU tensors gloo (and an MPI without CUDA) wants; on Windows "
+        "(gloo only) drop device_ids and, for torchrun on torch 2.4+, set `USE_LIBUV=0`",
         (
             _p(r"not supported for the selected backend (?P<backend>\w{1,20})",
                "the {backend} backend does not support an argument it was given"),
@@ -312,6 +312,12 @@ SETUP_RULES: tuple[Rule, ...] = (
                "the {backend} backend does not support {op}"),
             _p(r"Backend (?P<backend>\w{1,20}) does not support (?P<op>\w{1,40})",
                "the {backend} backend does not support {op}"),
+            # SageMaker's data-parallel backend names itself: "SMDDP does not support: ReduceOp"
+            _p(r"\b(?P<backend>SMDDP|smddp|NCCL|Gloo|MPI|UCC) does not support: (?P<op>\w{1,40})",
+               "the {backend} backend does not support {op}"),
+            _p(r"CUDA tensor detected and the MPI used doesn't have CUDA-aware MPI support",
+               "the MPI backend was given GPU tensors and this MPI is not CUDA-aware: use "
+               "backend='nccl' for CUDA tensors, or an MPI built with CUDA support"),
             _p(r"Distributed package doesn't have NCCL bu(?:il|li)t in",
                "this torch has no NCCL (a CPU, Windows or macOS build): use backend='gloo' or "
                "a CUDA build of torch on Linux"),

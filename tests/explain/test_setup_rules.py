@@ -255,7 +255,7 @@ def test_every_setup_pattern_has_a_program_line() -> None:
     lines += [(FRESH / n).read_text() for n in ("trixie-58.log", "llamafactory-1213.log")]
     lines += [line for line, _ in ROUND3_LINES]
     lines += [line for line, _ in ROUND4_LINES]
-    lines += [line for line, _ in ROUND5_LINES]
+    lines += [line for line, _ in ROUND5_LINES + ROUND6_LINES]
     lines += [(FRESH2 / n).read_text() for n in ("lightning-18728.log", "dct-3.log",
                                                  "efficientcomputing-90.log")]
     for rule in SETUP_RULES:
@@ -427,6 +427,14 @@ ROUND5_LINES = [
 ]
 
 
+ROUND6_LINES = [
+    # SageMaker's data-parallel backend, and torch's MPI backend on an MPI without CUDA
+    ('ErrorMessage "RuntimeError: SMDDP does not support: ReduceOp', "BackendUnsupported"),
+    ("RuntimeError: CUDA tensor detected and the MPI used doesn't have CUDA-aware MPI support",
+     "BackendUnsupported"),
+]
+
+
 
 def test_a_bare_exception_line_says_it_had_no_message() -> None:
     bare = _JOB_TRACEBACK.replace("ValueError: unknown optimizer adamw8", "AssertionError")
@@ -440,10 +448,21 @@ def test_a_c_assert_of_another_program_is_no_cuda_kernel_assert() -> None:
                    "&& old_size == 0)' failed.") == []
 
 
+FRESH5 = Path(__file__).parent / "fresh5"
+
+
+FIFTH_FRESH_LOGS = [
+    # SageMaker's flattened error message, and the MPI backend's line alone
+    ("pytorchlightning-20409.log", "BackendUnsupported"),
+    ("rocmpytorch-453.log", "BackendUnsupported"),
+]
+
+
 #: Real logs of the fresh corpora (development sets since their score guided these rules).
 DEV_LOGS = ([(FRESH / n, e) for n, e in FIRST_FRESH_LOGS]
             + [(FRESH2 / n, e) for n, e in SECOND_FRESH_LOGS]
-            + [(FRESH4 / n, e) for n, e in FOURTH_FRESH_LOGS])
+            + [(FRESH4 / n, e) for n, e in FOURTH_FRESH_LOGS]
+            + [(FRESH5 / n, e) for n, e in FIFTH_FRESH_LOGS])
 
 
 @pytest.mark.parametrize(("path", "expected"), DEV_LOGS,
@@ -453,7 +472,8 @@ def test_real_logs_of_the_fresh_corpora(path: Path, expected: str) -> None:
 
 
 #: Every line above, with the reason it must give first.
-ALL_LINES = PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_LINES
+ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_LINES
+             + ROUND6_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

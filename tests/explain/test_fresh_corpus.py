@@ -10,8 +10,10 @@ threads was read, from threads used for no rule, each scored once on the rules o
   a development set since its score guided the fourth.
 * ``fresh4/`` (fresh4/RULE.md): gathered the same way while the fourth round was written; a
   development set since its score guided the fifth.
-* ``fresh5/`` (fresh5/RULE.md): gathered the same way while the fifth round was written; never
-  tuned on.
+* ``fresh5/`` (fresh5/RULE.md): gathered the same way while the fifth round was written; a
+  development set since its score guided the sixth.
+* ``fresh6/`` (fresh6/RULE.md): asked in Chinese, gathered the same way while the sixth round was
+  written; never tuned on.
 
 The figures are those of docs/explain.md. A floor is the score the corpus gave when it was first
 scored, so that a change that loses ground shows; the targets (95 % recognised, 90 % right cause
@@ -56,6 +58,8 @@ CORPORA = (
            ("corpus", "fresh", "fresh2", "fresh3")),
     Corpus("fresh5", 26, (4 / 10, 4 / 10), 0, "fifth fresh corpus",
            ("corpus", "fresh", "fresh2", "fresh3", "fresh4")),
+    Corpus("fresh6", 26, (11 / 18, 11 / 18), 0, "sixth fresh corpus",
+           ("corpus", "fresh", "fresh2", "fresh3", "fresh4", "fresh5")),
 )
 
 
@@ -160,7 +164,7 @@ def test_no_healthy_log_is_flagged(corpus: Corpus) -> None:
 
 #: The corpora whose score guided no rule yet: the targets are measured on these only (on a
 #: development set meeting them says nothing).
-MEASURING = tuple(c for c in CORPORA if c.name == "fresh5")
+MEASURING = tuple(c for c in CORPORA if c.name == "fresh6")
 
 
 @pytest.mark.xfail(strict=True, reason="the fresh corpus misses the targets: docs/explain.md "

@@ -53,6 +53,10 @@ _FIRST: tuple[Rule, ...] = (
                "the TCPStore (MASTER_PORT) could not bind {addr}: address already in use"),
             _p(r"(?i:address already in use)|EADDRINUSE",
                "a socket could not bind: address already in use (MASTER_PORT or the store)"),
+            # accelerate launch checks the port itself before torch does
+            _p(r"Tried to launch distributed communication on port `?(?P<port>\d{1,5})`?, but "
+               r"another process is utilizing it",
+               "accelerate found port {port} (main_process_port) taken by another process"),
         ),
         "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
         "network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, "
@@ -313,6 +317,9 @@ _FIRST: tuple[Rule, ...] = (
             _p(r"Parameter indices which did not receive grad for rank (?P<rank>\d{1,7}): "
                r"(?P<idx>[\d ]{1,200})",
                "rank {rank}: parameters {idx} received no gradient"),
+            # TORCH_DISTRIBUTED_DEBUG's list of names, posted without the sentence above it
+            _p(r"Parameters which did not receive grad for rank (?P<rank>\d{1,7})",
+               "rank {rank}: parameters received no gradient (DDP lists them by name)"),
         ),
         "RuntimeError: Expected to have finished reduction in the prior iteration before "
         "starting a new one. This error indicates that your module has parameters that were not "
@@ -664,7 +671,9 @@ ANCHORS: tuple[bytes, ...] = (
     b"GPU is lost", b"SMI has failed", b"low on resource",
     # lines of a failure that hold none of the words above (each anchor is a pass over every
     # block, about 2 % of the time: a phrasing seen once is not worth one)
-    b"ommand not found", b"Assertion `",
+    b"ommand not found", b"Assertion `", b"did not receive grad",
+    # the POSIX shell's (dash's) "sh: 1: torchrun: not found"
+    b": not found",
     # one pass for mp.spawn's "terminated with signal", torchrun's "closing signal" and its own
     # "Received 15 death signal" / "got signal: 15"
     b" signal",

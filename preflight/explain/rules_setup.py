@@ -336,13 +336,20 @@ SETUP_RULES: tuple[Rule, ...] = (
         "the launcher the job calls is not installed or not on PATH here: install it (Slurm's "
         "`srun` comes with the slurm client, and only works inside an allocation), activate "
         "the environment that has torchrun / deepspeed / accelerate, or call it as "
-        "`python -m torch.distributed.run`; on a machine without Slurm launch with torchrun",
+        "`python -m torch.distributed.run`; under sudo, which resets PATH, call it by its full "
+        "path; on a machine without Slurm launch with torchrun",
         (
             _p(r"(?P<cmd>srun|sbatch|salloc|torchrun|deepspeed|accelerate|mpirun|mpiexec): "
                r"command not found",
                "the command {cmd} is not installed or not on PATH"),
             _p(r"No such file or directory: '(?P<cmd>srun|torchrun|deepspeed|accelerate|mpirun)'",
                "the command {cmd} is not installed or not on PATH"),
+            # dash (/bin/sh) words it "sh: 1: torchrun: not found"; sudo's reset PATH is a
+            # common way there
+            _p(r"\bsh: (?:line )?\d{1,6}: (?P<cmd>srun|sbatch|salloc|torchrun|deepspeed|"
+               r"accelerate|mpirun|mpiexec): not found",
+               "the shell found no command {cmd} on PATH (under sudo the environment's PATH is "
+               "reset)"),
         ),
         "bash: srun: command not found",
         progress=False,

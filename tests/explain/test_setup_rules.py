@@ -255,7 +255,7 @@ def test_every_setup_pattern_has_a_program_line() -> None:
     lines += [(FRESH / n).read_text() for n in ("trixie-58.log", "llamafactory-1213.log")]
     lines += [line for line, _ in ROUND3_LINES]
     lines += [line for line, _ in ROUND4_LINES]
-    lines += [line for line, _ in ROUND5_LINES + ROUND6_LINES]
+    lines += [line for line, _ in ROUND5_LINES + ROUND6_LINES + ROUND7_LINES]
     lines += [(FRESH2 / n).read_text() for n in ("lightning-18728.log", "dct-3.log",
                                                  "efficientcomputing-90.log")]
     for rule in SETUP_RULES:
@@ -458,11 +458,38 @@ FIFTH_FRESH_LOGS = [
 ]
 
 
+FRESH6 = Path(__file__).parent / "fresh6"
+
+
+SIXTH_FRESH_LOGS = [
+    # dash's words for a missing command, accelerate's own port check, DDP's list of names alone
+    ("llamafactory-5217.log", "LauncherNotFound"),
+    ("kohyass-2138.log", "PortInUse"),
+    ("diffsynthstudio-912.log", "UnusedParameters"),
+]
+
+
+ROUND7_LINES = [
+    ("/bin/sh: 1: torchrun: not found", "LauncherNotFound"),
+    ("sh: line 3: srun: not found", "LauncherNotFound"),
+    ("ConnectionError: Tried to launch distributed communication on port `29500`, but another "
+     "process is utilizing it. Please specify a different port", "PortInUse"),
+    ("Parameters which did not receive grad for rank 1: module.head.weight, module.head.bias",
+     "UnusedParameters"),
+    ("Parameter indices which did not receive grad for rank 0: 3 7", "UnusedParameters"),
+]
+
+
+def test_a_missing_file_the_shell_did_not_find_is_no_missing_launcher() -> None:
+    assert reasons("/bin/sh: 1: ./prepare_data.sh: not found") == []
+
+
 #: Real logs of the fresh corpora (development sets since their score guided these rules).
 DEV_LOGS = ([(FRESH / n, e) for n, e in FIRST_FRESH_LOGS]
             + [(FRESH2 / n, e) for n, e in SECOND_FRESH_LOGS]
             + [(FRESH4 / n, e) for n, e in FOURTH_FRESH_LOGS]
-            + [(FRESH5 / n, e) for n, e in FIFTH_FRESH_LOGS])
+            + [(FRESH5 / n, e) for n, e in FIFTH_FRESH_LOGS]
+            + [(FRESH6 / n, e) for n, e in SIXTH_FRESH_LOGS])
 
 
 @pytest.mark.parametrize(("path", "expected"), DEV_LOGS,
@@ -473,7 +500,7 @@ def test_real_logs_of_the_fresh_corpora(path: Path, expected: str) -> None:
 
 #: Every line above, with the reason it must give first.
 ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_LINES
-             + ROUND6_LINES)
+             + ROUND6_LINES + ROUND7_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

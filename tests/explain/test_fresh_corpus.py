@@ -13,6 +13,8 @@ threads was read, from threads used for no rule, each scored once on the rules o
 * ``fresh5/`` (fresh5/RULE.md): gathered the same way while the fifth round was written; a
   development set since its score guided the sixth.
 * ``fresh6/`` (fresh6/RULE.md): asked in Chinese, gathered the same way while the sixth round was
+  written; a development set since its score guided the seventh.
+* ``fresh7/`` (fresh7/RULE.md): asked in Chinese again, gathered while the seventh round was
   written; never tuned on.
 
 The figures are those of docs/explain.md. A floor is the score the corpus gave when it was first
@@ -60,6 +62,8 @@ CORPORA = (
            ("corpus", "fresh", "fresh2", "fresh3", "fresh4")),
     Corpus("fresh6", 26, (11 / 18, 11 / 18), 0, "sixth fresh corpus",
            ("corpus", "fresh", "fresh2", "fresh3", "fresh4", "fresh5")),
+    Corpus("fresh7", 26, (3 / 8, 3 / 8), 0, "seventh fresh corpus",
+           ("corpus", "fresh", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6")),
 )
 
 
@@ -164,7 +168,7 @@ def test_no_healthy_log_is_flagged(corpus: Corpus) -> None:
 
 #: The corpora whose score guided no rule yet: the targets are measured on these only (on a
 #: development set meeting them says nothing).
-MEASURING = tuple(c for c in CORPORA if c.name == "fresh6")
+MEASURING = tuple(c for c in CORPORA if c.name == "fresh7")
 
 
 @pytest.mark.xfail(strict=True, reason="the fresh corpus misses the targets: docs/explain.md "

@@ -524,6 +524,8 @@ _LATER: tuple[Rule, ...] = (
                "(torch 1.x)"),
             _p(r"client socket has timed out after (?P<t>\d{1,12}m?s) while trying to connect",
                "a rank could not connect to the store (MASTER_ADDR:MASTER_PORT) within {t}"),
+            _p(r"\[c10d\] The client socket has timed out after (?P<t>\d{1,12}m?s)",
+               "a rank could not connect to the store (MASTER_ADDR:MASTER_PORT) within {t}"),
             _p(r"client socket has failed to connect to (?:any network address of )?"
                r"(?P<addr>[^\n]{1,120}?)(?: \(errno: (?P<errno>\d{1,4}) - (?P<why>[^)\n]{1,60})\)|"
                r"\.|$)",
@@ -614,6 +616,15 @@ _LATER: tuple[Rule, ...] = (
             _p(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d{1,20}),"
                r" OpType=(?P<op>\w{1,40})[^\n]{0,400}?Timeout\(ms\)=(?P<ms>\d{1,12})\)",
                "the NCCL watchdog aborted {op} SeqNum={seq} after its {ms} ms timeout"),
+            # torch 2.5+'s heartbeat monitor on the rank that timed out (the others print "from
+            # rank N": they did not time out themselves, so that line names no rank that did)
+            _p(r"Received a dump signal due to a collective timeout from this local rank and we "
+               r"will try our best to dump the debug info\. Last enqueued NCCL work: "
+               r"(?P<enq>\d{1,20}), last completed NCCL work: (?P<done>\d{1,20})",
+               "a collective timed out on this rank: the last NCCL work enqueued is {enq}, the "
+               "last completed {done}"),
+            _p(r"Received a dump signal due to a collective timeout from this local rank",
+               "a collective timed out on this rank; ProcessGroupNCCL dumps its debug info"),
             _p(r"Heartbeat monitor timed out",
                "ProcessGroupNCCL's heartbeat monitor timed out (the watchdog hung in an NCCL "
                "call)"),

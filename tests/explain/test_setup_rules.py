@@ -480,6 +480,39 @@ ROUND7_LINES = [
 ]
 
 
+FRESH7 = Path(__file__).parent / "fresh7"
+
+
+SEVENTH_FRESH_LOGS = [
+    # torch 2.5+'s heartbeat monitor alone, and the store's connect timeout cut mid-word
+    ("llamafactory-9496.log", "CollectiveTimeout"),
+    ("llamafactory-6575.log", "RendezvousTimeout"),
+]
+
+
+ROUND8_LINES = [
+    ("[rank0]:[E725 02:39:41.236667746 ProcessGroupNCCL.cpp:1914] [PG ID 0 PG GUID 0(default_pg) "
+     "Rank 0] Received a dump signal due to a collective timeout from this local rank and we "
+     "will try our best to dump the debug info. Last enqueued NCCL work: 39892, last completed "
+     "NCCL work: 39891.This is most likely caused by incorrect usages of collectives",
+     "CollectiveTimeout"),
+    ("[E108 20:04:34.467642512 socket.cpp:957] [c10d] The client socket has timed out after 900s "
+     "whi", "RendezvousTimeout"),
+]
+
+
+def test_the_dump_signal_names_the_work_that_did_not_complete() -> None:
+    f = classify_texts([("log", ROUND8_LINES[0][0])]).findings
+    assert "the last NCCL work enqueued is 39892, the last completed 39891" in f[0].message
+
+
+def test_a_dump_signal_from_another_rank_does_not_call_this_rank_timed_out() -> None:
+    # rank 5 got the signal from rank 7: rank 5 did not time out itself
+    assert reasons("[rank5]:[E703 17:54:18.884528282 ProcessGroupNCCL.cpp:1987] [PG ID 0 PG GUID "
+                   "0(default_pg) Rank 5] Received a dump signal due to a collective timeout "
+                   "from  rank 7 and we will try our best to dump the debug info.") == []
+
+
 def test_a_missing_file_the_shell_did_not_find_is_no_missing_launcher() -> None:
     assert reasons("/bin/sh: 1: ./prepare_data.sh: not found") == []
 
@@ -489,7 +522,8 @@ DEV_LOGS = ([(FRESH / n, e) for n, e in FIRST_FRESH_LOGS]
             + [(FRESH2 / n, e) for n, e in SECOND_FRESH_LOGS]
             + [(FRESH4 / n, e) for n, e in FOURTH_FRESH_LOGS]
             + [(FRESH5 / n, e) for n, e in FIFTH_FRESH_LOGS]
-            + [(FRESH6 / n, e) for n, e in SIXTH_FRESH_LOGS])
+            + [(FRESH6 / n, e) for n, e in SIXTH_FRESH_LOGS]
+            + [(FRESH7 / n, e) for n, e in SEVENTH_FRESH_LOGS])
 
 
 @pytest.mark.parametrize(("path", "expected"), DEV_LOGS,
@@ -500,7 +534,7 @@ def test_real_logs_of_the_fresh_corpora(path: Path, expected: str) -> None:
 
 #: Every line above, with the reason it must give first.
 ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_LINES
-             + ROUND6_LINES + ROUND7_LINES)
+             + ROUND6_LINES + ROUND7_LINES + ROUND8_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

@@ -15,7 +15,9 @@ threads was read, from threads used for no rule, each scored once on the rules o
 * ``fresh6/`` (fresh6/RULE.md): asked in Chinese, gathered the same way while the sixth round was
   written; a development set since its score guided the seventh.
 * ``fresh7/`` (fresh7/RULE.md): asked in Chinese again, gathered while the seventh round was
-  written; never tuned on.
+  written; a development set since its score guided the eighth.
+* ``fresh8/`` (fresh8/RULE.md): asked in Chinese by project, gathered while the eighth round was
+  written; never tuned on: it measures the rules as committed.
 
 The figures are those of docs/explain.md. A floor is the score the corpus gave when it was first
 scored, so that a change that loses ground shows; the targets (95 % recognised, 90 % right cause
@@ -64,6 +66,8 @@ CORPORA = (
            ("corpus", "fresh", "fresh2", "fresh3", "fresh4", "fresh5")),
     Corpus("fresh7", 26, (3 / 8, 3 / 8), 0, "seventh fresh corpus",
            ("corpus", "fresh", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6")),
+    Corpus("fresh8", 26, (5 / 10, 5 / 10), 2, "eighth fresh corpus",
+           ("corpus", "fresh", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6", "fresh7")),
 )
 
 
@@ -168,7 +172,7 @@ def test_no_healthy_log_is_flagged(corpus: Corpus) -> None:
 
 #: The corpora whose score guided no rule yet: the targets are measured on these only (on a
 #: development set meeting them says nothing).
-MEASURING = tuple(c for c in CORPORA if c.name == "fresh7")
+MEASURING = tuple(c for c in CORPORA if c.name == "fresh8")
 
 
 @pytest.mark.xfail(strict=True, reason="the fresh corpus misses the targets: docs/explain.md "

@@ -9,8 +9,9 @@ so concurrent runs never meet; every namespace is deleted, every agent killed at
 
 from __future__ import annotations
 
+import codecs
 import os
-import selectors
+import select
 import shutil
 import signal
 import subprocess
@@ -58,21 +59,36 @@ class Agent:
     rank: int
     proc: subprocess.Popen[str]
     err: list[str] = field(default_factory=list)
+    #: How much of ``err`` (joined) earlier waits have consumed: a wait sees later lines only.
+    _seen: int = 0
+    _decoder: codecs.IncrementalDecoder = field(
+        default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
 
     def wait_stderr(self, text: str, timeout_s: float = 30.0) -> None:
-        """Read the agent's stderr until a line contains ``text`` (the --verbose phases)."""
+        """Read the agent's stderr until a line contains ``text`` (the --verbose phases).
+
+        Reads the pipe's descriptor itself: a buffered readline can pull several lines into
+        its buffer at once, and a select on the descriptor then never wakes for the ones it
+        holds (a wait for the second of two lines printed together missed it)."""
         assert self.proc.stderr is not None
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stderr, selectors.EVENT_READ)
+        fd = self.proc.stderr.fileno()
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if sel.select(timeout=0.2):
-                line = self.proc.stderr.readline()
-                self.err.append(line)
-                if text in line:
-                    return
-                if not line:
+        while True:
+            got = "".join(self.err)
+            end = got.rfind("\n") + 1
+            at = got.find(text, self._seen, end)
+            if at >= 0:
+                self._seen = got.index("\n", at) + 1
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            ready, _, _ = select.select([fd], [], [], min(0.2, left))
+            if ready:
+                chunk = os.read(fd, 65536)
+                if not chunk:
                     break
+                self.err.append(self._decoder.decode(chunk))
         raise AssertionError(f"node {self.rank} never printed {text!r}: {''.join(self.err)}")
 
     def finish(self, timeout_s: float) -> tuple[int, str, str]:

@@ -245,8 +245,15 @@ def test_stalled_rank_is_named_with_its_node_and_device(cluster: Any) -> None:
 def test_stopped_master_is_named_by_the_others_within_the_deadline(cluster: Any) -> None:
     c: Cluster = cluster(3)
     agents = [c.start(r, "--no-bandwidth", timeout_s=4) for r in range(3)]
-    agents[0].wait_stderr("gathering node checks")
+    # Stop the master once the step is out (the others print "node checks" as they start it),
+    # holding the others inside their checks meanwhile: their answers cannot be in yet, so
+    # the master cannot have published a verdict, however late this test gets a CPU.
+    for a in agents[1:]:
+        a.wait_stderr("node checks")
+        os.kill(a.proc.pid, signal.SIGSTOP)
     os.kill(agents[0].proc.pid, signal.SIGSTOP)
+    for a in agents[1:]:
+        os.kill(a.proc.pid, signal.SIGCONT)
     t0 = time.monotonic()
     for a in agents[1:]:
         rc, out, err = a.finish(60)

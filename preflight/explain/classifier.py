@@ -20,13 +20,23 @@ from preflight.explain.facts import HOOKS, MAX_RANKS, Acc, LogFacts, tier_of
 from preflight.explain.matching import (
     FRAMES,
     collective_frame,
+    exception_line,
     frame_call,
+    installed_code,
     job_exception,
     last_error_detail,
     match_frame,
     match_line,
+    says_error,
 )
-from preflight.explain.model import Detail, Diagnosis, Evidence, Explanation, RankSummary
+from preflight.explain.model import (
+    Detail,
+    Diagnosis,
+    Evidence,
+    Explanation,
+    FirstError,
+    RankSummary,
+)
 from preflight.explain.progress import ProgressTracker, stalled_and_silent
 from preflight.explain.ranks import line_rank, plural
 from preflight.explain.rules import (
@@ -89,7 +99,9 @@ class Classifier:
         self._frame_wait: tuple[str, int, str] | None = None
         self._frames: dict[int | None, _Frame] = {}
         self._collective: tuple[int, str] | None = None
-        self._last_frame: tuple[int, str, str] | None = None
+        self._last_frame: tuple[int, str, str, str] | None = None
+        #: The first exception line and the first "error:" line, by (file index, line).
+        self._first: dict[bool, tuple[tuple[int, int], FirstError]] = {}
         self.facts = LogFacts()
         self._progress = ProgressTracker(MAX_RANKS, self.facts.see)
         self._nccl_capped = 0
@@ -155,7 +167,7 @@ class Classifier:
                 self._detail_window(block, start, end, line_no + 1, visited)
             call = frame_call(text)
             if call is not None:
-                self._last_frame = (line_no + 1, call[0], call[2])
+                self._last_frame = (line_no + 1, call[0], call[2], call[1])
                 inside = collective_frame(call)
                 if inside is not None:
                     self._collective = (line_no + 1, call[1]) if inside else None
@@ -260,6 +272,7 @@ class Classifier:
         follow = self._take(hit, text, line_no) if hit is not None else []
         if hit is None:
             self._script_exception(text, line_no)
+            self._first_error(text, line_no)
         detail = last_error_detail(text)
         if detail is not None:
             self.facts.heard(detail)
@@ -323,7 +336,7 @@ class Classifier:
         rule = JOB_EXCEPTION_RULE
         if self._last_frame is None or rule is None:
             return
-        at, file, no = self._last_frame
+        at, file, no, _ = self._last_frame
         if not 0 < line_no - at <= EXCEPTION_SPAN:
             return
         exc = job_exception(text, file)
@@ -339,6 +352,25 @@ class Classifier:
         self._evidence(acc, line_no, text, self.max_evidence)
         if rank is not None:
             self._add_rank(acc, rank)
+
+    def _first_error(self, text: str, line_no: int) -> None:
+        """Keep the log's first exception line and first "error:" line no rule knows: where
+        to start reading when nothing is recognised."""
+        cls = exception_line(text)
+        if cls is None and not says_error(text):
+            return
+        key = (len(self._sources) - 1, line_no)
+        kept = self._first.get(cls is not None)
+        if kept is not None and kept[0] <= key:
+            return
+        frame: tuple[str, int, str] | None = None
+        if cls is not None and self._last_frame is not None:
+            at, file, no, function = self._last_frame
+            if 0 < line_no - at <= EXCEPTION_SPAN:
+                frame = (file, int(no), function)
+        self._first[cls is not None] = (key, FirstError(
+            Evidence(self._source, line_no, _cut(text)), cls, frame,
+            frame is not None and installed_code(frame[0]), self._rank_of(text)))
 
     def _in_collective(self, line_no: int) -> str | None:
         """The collective whose traceback frame came just above ``line_no``, if one did."""
@@ -403,8 +435,12 @@ class Classifier:
         keyed += [((KILLED, False, 1, (len(self._sources), i)), d)
                   for i, d in enumerate(self._external)]
         findings = tuple(d for _, d in sorted(keyed, key=lambda kd: kd[0]))
+        first = None
+        if not findings:
+            kept = self._first.get(True) or self._first.get(False)
+            first = None if kept is None else kept[1]
         return Explanation(findings, summary, tuple(self._sources), self._lines, self._bytes,
-                           self._notes())
+                           self._notes(), first_error=first)
 
     def _counts(self, acc: Acc) -> bool:
         """False for a finding only ``only_with`` patterns hit when the log lacks the finding

@@ -96,10 +96,38 @@ _INSTALLED = ("site-packages", "dist-packages", "/lib/python", "\\lib\\", "<froz
 def job_exception(text: str, frame_file: str) -> tuple[str, str] | None:
     """``(class, message)`` when ``text`` is a traceback's exception line of a Python
     exception and the frame above it is in the job's own file, else None."""
-    if any(part in frame_file for part in _INSTALLED):
+    if installed_code(frame_file):
         return None
     m = _EXCEPTION_LINE.search(text, 0, MAX_MATCH_CHARS)
     if m is None:
         return None
     cls = m.group("cls").rsplit(".", 1)[-1]
     return (cls, m.group("msg") or "") if cls in JOB_EXCEPTIONS else None
+
+
+#: Launchers' exceptions that only report another process's failure: never the first error.
+WRAPPER_EXCEPTIONS = frozenset({"ChildFailedError", "CalledProcessError"})
+#: A line that says "error" in a program's own words: argparse's ``prog: error: ...``,
+#: ``Error: ...``, ``ERROR: ...`` at the start or after a prefix.
+_ERROR_SAID = re.compile(r"(?:^|[\s\]:])(?:error|Error|ERROR):\s{0,4}\S")
+
+
+def exception_line(text: str) -> str | None:
+    """The class of a traceback's exception line (any exception a launcher does not raise
+    for another process's failure), else None."""
+    m = _EXCEPTION_LINE.search(text, 0, MAX_MATCH_CHARS)
+    if m is None:
+        return None
+    cls = m.group("cls").rsplit(".", 1)[-1]
+    return None if cls in WRAPPER_EXCEPTIONS else cls
+
+
+def says_error(text: str) -> bool:
+    """True for a line that reports an error in words (``error: ...``), not a traceback's."""
+    return _ERROR_SAID.search(text, 0, MAX_MATCH_CHARS) is not None
+
+
+def installed_code(frame_file: str) -> bool:
+    """True for a traceback frame's file that is installed code (a library, Python, torch)."""
+    return any(part in frame_file for part in _INSTALLED)
+

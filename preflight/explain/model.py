@@ -64,6 +64,35 @@ class Diagnosis:
 
 
 @dataclass(frozen=True)
+class FirstError:
+    """Where to start reading a log no rule knows: its first exception line, or else its first
+    line that says ``error:``, with the traceback frame that raised it.
+
+    Not a diagnosis (no reason, no fix): a pointer, given only when nothing was recognised.
+
+    Attributes:
+        line: the line itself (cut to 400 chars).
+        exception: the exception's class for a traceback's last line, else None.
+        frame: ``(file, line, function)`` of the frame just above it, if one was.
+        installed: the frame is installed code (a library, Python, torch), not the job's.
+        rank: the rank that printed it, if the line or the file name says.
+    """
+
+    line: Evidence
+    exception: str | None
+    frame: tuple[str, int, str] | None
+    installed: bool
+    rank: int | None
+
+    def to_json(self) -> dict[str, Detail]:
+        frame = None if self.frame is None else {
+            "file": self.frame[0], "line": self.frame[1], "function": self.frame[2],
+            "installed": self.installed}
+        return {**self.line.to_json(), "exception": self.exception, "frame": frame,
+                "rank": self.rank}
+
+
+@dataclass(frozen=True)
 class RankSummary:
     """What the logs say about ranks.
 
@@ -100,6 +129,7 @@ class Explanation:
         findings: the diagnoses, root cause first.
         notes: one line each for what limits the answer (ranks capped, a dump refused).
         unread: ``(source, why)`` for each input that could not be read (partly or at all).
+        first_error: with no finding, where to start reading (:class:`FirstError`).
     """
 
     findings: tuple[Diagnosis, ...]
@@ -109,9 +139,11 @@ class Explanation:
     bytes_read: int
     notes: tuple[str, ...] = ()
     unread: tuple[tuple[str, str], ...] = ()
+    first_error: FirstError | None = None
 
     def to_json(self) -> dict[str, Detail]:
         return {"findings": [f.to_json() for f in self.findings], "ranks": self.ranks.to_json(),
                 "sources": list(self.sources), "lines": self.lines, "bytes": self.bytes_read,
                 "notes": list(self.notes),
-                "unread": [{"source": s, "why": w} for s, w in self.unread]}
+                "unread": [{"source": s, "why": w} for s, w in self.unread],
+                "first_error": None if self.first_error is None else self.first_error.to_json()}

@@ -22,6 +22,23 @@ def to_json(expl: Explanation) -> str:
     return json.dumps(data, indent=2)
 
 
+def _first_error(expl: Explanation) -> list[str]:
+    """Where to start reading a log no rule knows, when it shows an error at all."""
+    first = expl.first_error
+    if first is None:
+        return []
+    whose_line = f"rank {first.rank}'s" if first.rank is not None else "the"
+    what = "first exception" if first.exception is not None else "first line that says error"
+    out = [f"start reading at {whose_line} {what} (no rule knows it):",
+           f"  {escape(first.line.source)}:{first.line.line}: {escape(first.line.text)}"]
+    if first.frame is not None:
+        file, no, function = first.frame
+        name = file.replace("\\", "/").rsplit("/", 1)[-1]
+        whose = "installed code" if first.installed else "the job's own code"
+        out.append(f"  raised in {escape(function)} at {escape(name)}:{no} ({whose})")
+    return out
+
+
 def render_text(expl: Explanation) -> str:
     """The on-call view: each finding cause-first with evidence and fix, then the ranks."""
     size_mb = expl.bytes_read / 1e6
@@ -31,7 +48,7 @@ def render_text(expl: Explanation) -> str:
     tail += [f"note: {escape(n)}" for n in expl.notes]
     if not expl.findings:
         return "\n".join([f"{head}", "nothing recognised: no known failure class in these logs",
-                          *tail])
+                          *_first_error(expl), *tail])
     out = [f"{head}; {len(expl.findings)} finding{'s' if len(expl.findings) != 1 else ''}, "
            "root cause first:", ""]
     for i, f in enumerate(expl.findings, 1):

@@ -22,6 +22,7 @@ FRAGMENTS = [
     "Signal 9 (SIGKILL) received by PID ", "process 1 terminated with signal SIG",
     "Sending process 12 closing signal SIGTERM", "Connect to ", " failed : ",
     "client socket has failed to connect to ", "in store based barrier on rank: ", "rank      : ",
+    "ValueError: ", "error: ", '  File "/job/train.py", line 3, in main\n', "\x1b]0;", "\x07",
 ]
 soup = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=20)), max_size=60).map(
     "".join)
@@ -54,6 +55,20 @@ def test_classifier_survives_any_bytes_in_any_blocks(data: bytes, block: int) ->
 @given(soup)
 def test_classifier_survives_log_soup(text: str) -> None:
     explain_streams([("-", io.BytesIO(text.encode("utf-8", "surrogatepass")))])
+
+
+@settings(max_examples=200, deadline=None)
+@given(soup)
+def test_the_text_answer_never_carries_a_control_character(text: str) -> None:
+    """Whatever a log holds, the text answer (findings or the first-error pointer) is printable:
+    its control characters are escaped, and the pointer's line is cut like evidence."""
+    from preflight.explain.output import render_text
+
+    expl = explain_streams([("-", io.BytesIO(text.encode("utf-8", "surrogatepass")))])
+    out = render_text(expl)
+    assert not any(ch in out for ch in "\x1b\x07\x00\r\x08")
+    if expl.first_error is not None:
+        assert len(expl.first_error.line.text) <= 403
 
 
 def test_adversarial_long_lines_stay_fast() -> None:

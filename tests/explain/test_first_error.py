@@ -1,0 +1,136 @@
+"""When no rule knows a log, explain says where to start reading: its first exception, or else
+its first line that says ``error:``, with the frame that raised it. Real logs from the fresh
+corpora, whose causes no reason covers; the pointer is no finding (exit 0, no reason)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from preflight.cli import main
+from preflight.explain import classify_texts
+from preflight.explain.output import render_text
+
+HERE = Path(__file__).parent
+
+
+def _explain_json(path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
+    assert main(["explain", "--json", str(path)]) == 0  # a pointer is not a finding
+    data: dict[str, object] = json.loads(capsys.readouterr().out)
+    assert data["findings"] == []
+    return data
+
+
+def test_a_failed_import_points_at_its_line_and_the_jobs_frame(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    log = HERE / "fresh8" / "codetr-205.log"
+    first = _explain_json(log, capsys)["first_error"]
+    assert first == {"source": str(log), "line": 18,
+                     "text": "ModuleNotFoundError: No module named 'mmdet'",
+                     "exception": "ModuleNotFoundError",
+                     "frame": {"file": "tools/train.py", "line": 16, "function": "<module>",
+                               "installed": False},
+                     "rank": None}
+    assert main(["explain", str(log)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1:] == [
+        "nothing recognised: no known failure class in these logs",
+        "start reading at the first exception (no rule knows it):",
+        f"  {log}:18: ModuleNotFoundError: No module named 'mmdet'",
+        "  raised in <module> at train.py:16 (the job's own code)"]
+
+
+def test_a_library_rejecting_the_jobs_arguments_is_installed_code(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    first = _explain_json(HERE / "fresh8" / "openinstruct-620.log", capsys)["first_error"]
+    assert isinstance(first, dict)
+    assert first["exception"] == "ValueError"
+    assert "not used by the HfArgumentParser" in first["text"]
+    assert first["frame"]["file"].endswith("transformers/hf_argparser.py")
+    assert first["frame"]["installed"] is True
+
+
+def test_a_launchers_own_error_line_when_there_is_no_traceback(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    first = _explain_json(HERE / "fresh6" / "lorascriptsnext-324.log", capsys)["first_error"]
+    assert isinstance(first, dict)
+    assert first["exception"] is None and first["frame"] is None
+    assert "error: argument --num_cpu_threads_per_process" in first["text"]
+    expl = classify_texts([("job.log", (HERE / "fresh6" / "lorascriptsnext-324.log")
+                            .read_text())])
+    assert "start reading at the first line that says error" in render_text(expl)
+
+
+def test_a_log_with_nothing_that_reads_as_an_error_gets_no_pointer() -> None:
+    expl = classify_texts([("job.log", "epoch 1 loss 0.5\nepoch 2 loss 0.4\nterror in the "
+                                       "dataset name is not an error line\n")])
+    assert expl.findings == () and expl.first_error is None
+    assert "start reading" not in render_text(expl)
+
+
+def test_no_pointer_beside_a_finding() -> None:
+    expl = classify_texts([("job.log",
+                            "KeyError: 'llama'\n"
+                            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 "
+                            "GiB\n")])
+    assert [f.reason for f in expl.findings] == ["CudaOutOfMemory"]
+    assert expl.first_error is None
+    assert expl.to_json()["first_error"] is None
+
+
+def test_the_launchers_wrapper_is_not_the_first_exception() -> None:
+    log = ("Traceback (most recent call last):\n"
+           '  File "/opt/conda/lib/python3.10/subprocess.py", line 526, in run\n'
+           "    raise CalledProcessError(retcode, process.args,\n"
+           "subprocess.CalledProcessError: Command '['python', 'train.py']' returned non-zero "
+           "exit status 1.\n")
+    assert classify_texts([("launcher.log", log)]).first_error is None
+    rank = ("[rank3]: Traceback (most recent call last):\n"
+            '[rank3]:   File "/job/train.py", line 7, in <module>\n'
+            "[rank3]:     import mylib\n"
+            "[rank3]: ImportError: libfoo.so.1 version mismatch in mylib\n")
+    first = classify_texts([("launcher.log", log + rank)]).first_error
+    assert first is not None and first.exception == "ImportError" and first.rank == 3
+    assert first.frame == ("/job/train.py", 7, "<module>") and not first.installed
+    assert "start reading at rank 3's first exception" in render_text(
+        classify_texts([("launcher.log", log + rank)]))
+
+
+def test_the_first_file_read_comes_first() -> None:
+    later = "\n" * 40 + "ZeroDivisionError: division by zero\n"
+    earlier = "KeyError: 'model'\n"
+    first = classify_texts([("a.log", later), ("b.log", earlier)]).first_error
+    assert first is not None and first.line.source == "a.log" and first.line.line == 41
+
+
+def test_an_exception_beats_an_earlier_error_word() -> None:
+    first = classify_texts([("job.log", "ERROR: could not reach the metrics server\n"
+                                        "AttributeError: 'Model' has no attribute 'module'\n")]
+                           ).first_error
+    assert first is not None and first.exception == "AttributeError" and first.line.line == 2
+
+
+def test_control_characters_from_the_log_are_escaped() -> None:
+    expl = classify_texts([("job.log", "ValueError: bad \x1b]0;owned\x07 \x1b[2J value\n")])
+    out = render_text(expl)
+    assert "\x1b" not in out and "\x07" not in out
+    assert r"\e]0;owned" in out
+    assert expl.first_error is not None and "\x1b" in expl.first_error.line.text  # JSON keeps it
+
+
+def _healthy() -> list[Path]:
+    logs = []
+    for manifest in sorted(HERE.glob("fresh*/manifest.jsonl")):
+        for line in manifest.read_text().splitlines():
+            rec = json.loads(line)
+            if rec["expected"] is None:
+                logs.append(manifest.parent / rec["file"])
+    return logs
+
+
+@pytest.mark.parametrize("log", _healthy(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_a_healthy_log_from_the_fresh_corpora_gets_no_pointer(log: Path) -> None:
+    expl = classify_texts([(log.name, log.read_text(errors="replace"))])
+    assert expl.findings == () and expl.first_error is None

@@ -10,8 +10,10 @@ second of the process is printed beside it (with the load average) for that case
 
 ``--ranks N`` spreads the lines over N distinct ranks (rank tracking must stay linear: the same
 MB/s at 8,192 ranks as at 8); ``--kind info`` writes only NCCL INFO lines (no progress, the worst
-case for per-rank progress tracking); ``--compare`` prints one row each for 8 and 8,192 ranks of
-both kinds.
+case for per-rank progress tracking); ``--kind warnings`` writes only lines that hold an anchor
+(``WARN``, ``error``) and match no rule, each one read and run through the rules (the worst case
+for the classifier: a job that prints a warning no rule knows on every line); ``--compare``
+prints one row each for 8 and 8,192 ranks of the training and info kinds.
 
     python benchmarks/explain_throughput.py --size 1G
     python benchmarks/explain_throughput.py --size 64M --compare
@@ -63,6 +65,16 @@ def _info_template(ranks: int) -> str:
     return "".join(lines)
 
 
+def _warnings_template(ranks: int) -> str:
+    lines = []
+    for i in range(max(4000, ranks)):
+        r = i % ranks
+        lines.append(f"[default{r}]:node{r // 8:04d}:{4100 + r % 8}:{4190 + r % 8} [{r % 8}] "
+                     f"NCCL WARN NET/Plugin: unknown option {{it}} ignored, relative error "
+                     f"{i % 97}.{i % 13} on channel {i % 24:02d}\n")
+    return "".join(lines)
+
+
 def write_log(path: Path, size: int, ranks: int = RANKS, kind: str = "training") -> int:
     """Write about ``size`` bytes of log; returns the bytes written."""
     head = "".join(
@@ -84,7 +96,8 @@ def write_log(path: Path, size: int, ranks: int = RANKS, kind: str = "training")
             block_lines.append(f"[default{r}]:/usr/lib/python3/dist-packages/torch/utils/data/"
                                "dataloader.py:617: UserWarning: This DataLoader will create 8 "
                                "worker processes in total.\n")
-    template = "".join(block_lines) if kind == "training" else _info_template(ranks)
+    template = ("".join(block_lines) if kind == "training" else
+                _warnings_template(ranks) if kind == "warnings" else _info_template(ranks))
     tail = (
         "[default5]:node01:4105:4195 [5] include/shm.h:28 NCCL WARN Error while creating shared "
         "memory segment /dev/shm/nccl-7xQm2L (size 9637888)\n" + "".join(
@@ -133,8 +146,9 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="1G", help="log size, e.g. 200M, 1G (default 1G)")
     ap.add_argument("--ranks", type=int, default=RANKS, help="distinct ranks (default 8)")
-    ap.add_argument("--kind", choices=("training", "info"), default="training",
-                    help="progress lines of a training run, or NCCL INFO lines only")
+    ap.add_argument("--kind", choices=("training", "info", "warnings"), default="training",
+                    help="progress lines of a training run, NCCL INFO lines only, or warnings "
+                         "that each hold an anchor and match no rule (the slowest case)")
     ap.add_argument("--compare", action="store_true",
                     help="one row each for 8 and 8,192 ranks, both kinds")
     ap.add_argument("--dir", default=None, help="where to write the temporary log")

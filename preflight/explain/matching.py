@@ -6,7 +6,10 @@ the line only (``ranks.MAX_MATCH_CHARS``) so a megabyte-long line costs no more 
 
 from __future__ import annotations
 
+import importlib
 import re
+import sys
+from typing import Any
 
 from preflight.explain.ranks import MAX_MATCH_CHARS
 from preflight.explain.rules import RULES, Frame, Pattern, Rule
@@ -25,8 +28,105 @@ for _rule in RULES:
         FRAMES[_frame.function] = (*FRAMES.get(_frame.function, ()), (_rule, _frame))
 
 
+#: Python's own regex parser (``re._parser`` since 3.11, ``sre_parse`` before): read once at
+#: import, to find the text each pattern cannot match without.
+_parser: Any = importlib.import_module("re._parser" if sys.version_info >= (3, 11)
+                                       else "sre_parse")
+_REPEATS = ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
+#: Shorter literals are found in too many lines to be worth a check of their own.
+_MIN_NEED = 3
+
+
+def _requirements(items: Any) -> list[tuple[str, ...]]:
+    """What a match of the parsed sequence ``items`` must contain: each entry is a set of
+    literals of which one at least is in the matched text (one literal: that text itself).
+    Only what holds for every match is listed: an optional part, a case-insensitive group,
+    a character class end a literal; alternatives count only when each of them has one."""
+    found: list[tuple[str, ...]] = []
+    run: list[str] = []
+
+    def end() -> None:
+        if len(run) >= _MIN_NEED:
+            found.append(("".join(run),))
+        run.clear()
+
+    for op, av in items:
+        name = str(op)
+        if name == "LITERAL":
+            run.append(chr(av))
+            continue
+        end()
+        if name == "SUBPATTERN":
+            if not av[1] & re.IGNORECASE:
+                found += _requirements(av[3])
+        elif name in _REPEATS:
+            if av[0] >= 1:
+                found += _requirements(av[2])
+        elif name == "ATOMIC_GROUP":
+            found += _requirements(av)
+        elif name == "BRANCH":
+            best = [_best(_requirements(alt)) for alt in av[1]]
+            if all(b is not None for b in best):
+                found.append(tuple(x for b in best if b is not None for x in b))
+    end()
+    return found
+
+
+def _best(found: list[tuple[str, ...]]) -> tuple[str, ...] | None:
+    """The requirement that rules out most lines: the longest shortest literal, fewest parts."""
+    return max(found, key=lambda r: (min(map(len, r)), -len(r)), default=None)
+
+
+def required_text(regex: re.Pattern[str]) -> tuple[str, ...] | None:
+    """Literals of which a match of ``regex`` must contain one, or None when nothing is
+    certain (a case-insensitive pattern, or no literal every match holds)."""
+    if regex.flags & re.IGNORECASE:
+        return None
+    try:
+        return _best(_requirements(_parser.parse(regex.pattern, regex.flags & ~re.UNICODE)))
+    except Exception:  # a parser of another shape (another Python): search every line
+        return None
+
+
+def _index() -> tuple[tuple[tuple[Rule, Pattern], ...], tuple[tuple[str, tuple[int, ...]], ...],
+                      tuple[int, ...]]:
+    """Every rule's patterns in ``RULES`` order; each literal some pattern cannot match without,
+    with the positions of those patterns; the positions of the patterns searched on every
+    line (nothing certain)."""
+    flat = tuple((rule, pat) for rule in RULES for pat in rule.patterns)
+    by_literal: dict[str, list[int]] = {}
+    always: list[int] = []
+    for i, (_, pat) in enumerate(flat):
+        need = required_text(pat.regex)
+        if need is None:
+            always.append(i)
+        for lit in need or ():
+            by_literal.setdefault(lit, []).append(i)
+    return flat, tuple((lit, tuple(ix)) for lit, ix in by_literal.items()), tuple(always)
+
+
+#: Most of a log's candidate lines hit no rule. A line is searched only with the patterns whose
+#: literal it holds (one ``in`` test per literal, a fraction of a search) and the few with
+#: none; ``match_line_every`` is the plain loop the tests hold this one to.
+_FLAT, _LITERALS, _ALWAYS = _index()
+
+
 def match_line(text: str) -> tuple[Rule, Pattern, re.Match[str]] | None:
     """The first rule (in ``RULES`` order, origins first) whose pattern matches ``text``."""
+    head = text[:MAX_MATCH_CHARS]
+    held = [ix for lit, ix in _LITERALS if lit in head]
+    order = sorted(set(_ALWAYS).union(*held)) if held else _ALWAYS
+    for i in order:
+        rule, pat = _FLAT[i]
+        m = pat.regex.search(head)
+        if m:
+            return rule, pat, m
+    return None
+
+
+def match_line_every(text: str) -> tuple[Rule, Pattern, re.Match[str]] | None:
+    """``match_line`` without the literal pre-check: every pattern searched (the reference the
+    tests hold ``match_line`` to)."""
     head = text[:MAX_MATCH_CHARS]
     for rule in RULES:
         for pat in rule.patterns:

@@ -71,6 +71,44 @@ def test_the_text_answer_never_carries_a_control_character(text: str) -> None:
         assert len(expl.first_error.line.text) <= 403
 
 
+def _literals() -> list[str]:
+    from preflight.explain.matching import _LITERALS
+    return [lit for lit, _ in _LITERALS]
+
+
+#: Every literal the pre-check tests, cut and joined with the log soup: near misses on purpose.
+near = st.lists(st.one_of(st.sampled_from(_literals()), st.sampled_from(FRAGMENTS),
+                          st.sampled_from(_literals()).map(lambda lit: lit[1:]),
+                          st.sampled_from(_literals()).map(lambda lit: lit[:-1]),
+                          st.text(max_size=12)), max_size=30).map("".join)
+
+
+@settings(max_examples=500, deadline=None)
+@given(near)
+def test_the_literal_pre_check_never_changes_which_rule_a_line_matches(text: str) -> None:
+    from preflight.explain.matching import match_line_every
+
+    fast, every = match_line(text), match_line_every(text)
+    assert (fast is None) == (every is None)
+    if fast is not None and every is not None:
+        assert fast[0] is every[0] and fast[1] is every[1]
+        assert fast[2].span() == every[2].span()
+
+
+def test_the_literal_pre_check_keeps_every_real_logs_matches() -> None:
+    """Every line of every log kept under tests/explain matches the same rule either way."""
+    from pathlib import Path
+
+    from preflight.explain.matching import match_line_every
+
+    lines = [line for path in sorted(Path(__file__).parent.rglob("*.log"))
+             for line in path.read_text(errors="replace").splitlines()]
+    assert len(lines) > 3000
+    for line in lines:
+        fast, every = match_line(line), match_line_every(line)
+        assert (fast and (fast[1], fast[2].span())) == (every and (every[1], every[2].span()))
+
+
 def test_adversarial_long_lines_stay_fast() -> None:
     """Near-misses repeated over a megabyte line: bounded regexes keep it well under a second
     (0.15 s here). A regex that backtracks over such a line takes minutes to hours, so the 30 s
@@ -133,3 +171,33 @@ def test_truncated_or_forged_containers_never_raise(data: bytes, magic: bytes, c
                  [:cut]):
         expl = explain_streams([("x", io.BytesIO(blob))])
         assert all(len(why.splitlines()) == 1 for _, why in expl.unread)
+
+
+@pytest.mark.parametrize(("regex", "need"), [
+    (r"Connect to (?P<peer>\S{1,80}) failed", ("Connect to ",)),
+    (r"foo(?:barbar)?bazz", ("bazz",)),       # the optional part is never required
+    (r"abcd(?:xyzw){0,3}", ("abcd",)),
+    (r"(?:wxyz){2}", ("wxyz",)),              # a repeat of at least one holds its literal
+    (r"Broken pipe|Connection reset", ("Broken pipe", "Connection reset")),
+    (r"Broken pipe|\d+ reset", ("Broken pipe", " reset")),
+    (r"Broken pipe|\d+x", None),              # an alternative without a literal: nothing certain
+    (r"(?i:address in use)|EADDRINUSE", None),
+    (r"(?i)timed out", None),
+    (r"ab|cd", None),                         # too short to be worth a test
+    (r"[Rr]endezvous timed out", ("endezvous timed out",)),
+])
+def test_the_required_text_is_what_every_match_holds(regex: str, need: tuple[str, ...] | None
+                                                     ) -> None:
+    import re
+
+    from preflight.explain.matching import required_text
+
+    assert required_text(re.compile(regex)) == need
+
+
+def test_nearly_every_pattern_has_a_literal_to_pre_check() -> None:
+    """On this Python the parser is read as expected: the pre-check is in force (a line
+    holding none of the literals is searched with only a few patterns)."""
+    from preflight.explain.matching import _ALWAYS, _FLAT
+
+    assert len(_FLAT) > 100 and len(_ALWAYS) <= 5

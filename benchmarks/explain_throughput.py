@@ -55,23 +55,18 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _info_template(ranks: int) -> str:
+def _nccl_template(ranks: int, kind: str) -> str:
+    """NCCL lines of every rank: INFO channel lines, or WARN lines no rule knows."""
     lines = []
     for i in range(max(4000, ranks)):
         r = i % ranks
-        lines.append(f"[default{r}]:node{r // 8:04d}:{4100 + r % 8}:{4190 + r % 8} [{r % 8}] "
-                     f"NCCL INFO Channel {i % 24:02d}/0 : {r}[{r % 8}] -> {(r + 1) % ranks}"
-                     f"[{(r + 1) % 8}] via P2P/CUMEM/read {{it}}\n")
-    return "".join(lines)
-
-
-def _warnings_template(ranks: int) -> str:
-    lines = []
-    for i in range(max(4000, ranks)):
-        r = i % ranks
-        lines.append(f"[default{r}]:node{r // 8:04d}:{4100 + r % 8}:{4190 + r % 8} [{r % 8}] "
-                     f"NCCL WARN NET/Plugin: unknown option {{it}} ignored, relative error "
-                     f"{i % 97}.{i % 13} on channel {i % 24:02d}\n")
+        prefix = f"[default{r}]:node{r // 8:04d}:{4100 + r % 8}:{4190 + r % 8} [{r % 8}] "
+        if kind == "warnings":
+            lines.append(f"{prefix}NCCL WARN NET/Plugin: unknown option {{it}} ignored, "
+                         f"relative error {i % 97}.{i % 13} on channel {i % 24:02d}\n")
+        else:
+            lines.append(f"{prefix}NCCL INFO Channel {i % 24:02d}/0 : {r}[{r % 8}] -> "
+                         f"{(r + 1) % ranks}[{(r + 1) % 8}] via P2P/CUMEM/read {{it}}\n")
     return "".join(lines)
 
 
@@ -96,8 +91,7 @@ def write_log(path: Path, size: int, ranks: int = RANKS, kind: str = "training")
             block_lines.append(f"[default{r}]:/usr/lib/python3/dist-packages/torch/utils/data/"
                                "dataloader.py:617: UserWarning: This DataLoader will create 8 "
                                "worker processes in total.\n")
-    template = ("".join(block_lines) if kind == "training" else
-                _warnings_template(ranks) if kind == "warnings" else _info_template(ranks))
+    template = "".join(block_lines) if kind == "training" else _nccl_template(ranks, kind)
     tail = (
         "[default5]:node01:4105:4195 [5] include/shm.h:28 NCCL WARN Error while creating shared "
         "memory segment /dev/shm/nccl-7xQm2L (size 9637888)\n" + "".join(

@@ -198,11 +198,16 @@ def job_exception(text: str, frame_file: str) -> tuple[str, str] | None:
     exception and the frame above it is in the job's own file, else None."""
     if installed_code(frame_file):
         return None
+    exc = _exception(text)
+    return exc if exc is not None and exc[0] in JOB_EXCEPTIONS else None
+
+
+def _exception(text: str) -> tuple[str, str] | None:
+    """``(class without its module, message)`` of a traceback's exception line, else None."""
     m = _EXCEPTION_LINE.search(text, 0, MAX_MATCH_CHARS)
     if m is None:
         return None
-    cls = m.group("cls").rsplit(".", 1)[-1]
-    return (cls, m.group("msg") or "") if cls in JOB_EXCEPTIONS else None
+    return m.group("cls").rsplit(".", 1)[-1], m.group("msg") or ""
 
 
 #: Launchers' exceptions that only report another process's failure: never the first error.
@@ -215,11 +220,8 @@ _ERROR_SAID = re.compile(r"(?:^|[\s\]:])(?:error|Error|ERROR):\s{0,4}\S")
 def exception_line(text: str) -> str | None:
     """The class of a traceback's exception line (any exception a launcher does not raise
     for another process's failure), else None."""
-    m = _EXCEPTION_LINE.search(text, 0, MAX_MATCH_CHARS)
-    if m is None:
-        return None
-    cls = m.group("cls").rsplit(".", 1)[-1]
-    return None if cls in WRAPPER_EXCEPTIONS else cls
+    exc = _exception(text)
+    return None if exc is None or exc[0] in WRAPPER_EXCEPTIONS else exc[0]
 
 
 def says_error(text: str) -> bool:
@@ -230,4 +232,3 @@ def says_error(text: str) -> bool:
 def installed_code(frame_file: str) -> bool:
     """True for a traceback frame's file that is installed code (a library, Python, torch)."""
     return any(part in frame_file for part in _INSTALLED)
-

@@ -26,7 +26,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                     "print the failure classes found, root cause first: layer (environment, "
                     "communication, data, model, hardware), evidence lines, ranks involved and "
                     "the fix; from dumps, the ranks that never entered a collective the others "
-                    "entered, and collectives whose op or sizes differ between ranks. "
+                    "entered, and collectives whose op or sizes differ between ranks. With "
+                    "nothing recognised, the log's first exception (or else its first "
+                    "'error:' line) is named as the place to start reading. "
                     "Reasons: preflight docs explain.",
         epilog="flight recorder dumps on an NCCL timeout: TORCH_FR_BUFFER_SIZE=2000 "
                "TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_FR_DUMP_TEMP_FILE=/shared/fr/rank_ (torch < "
@@ -41,7 +43,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "attempt_0/3/stderr.log gives unprefixed lines rank 3")
     p.add_argument("--json", action="store_true",
                    help="print JSON: {findings: [{reason, layer, message, remedy, evidence, "
-                        "ranks}], ranks: {...}}")
+                        "ranks}], ranks: {...}, first_error: null or {source, line, text, "
+                        "exception, frame, rank}}")
     p.set_defaults(func=run)
 
 

@@ -356,13 +356,15 @@ class Classifier:
     def _first_error(self, text: str, line_no: int) -> None:
         """Keep the log's first exception line and first "error:" line no rule knows: where
         to start reading when nothing is recognised."""
-        cls = exception_line(text)
-        if cls is None and not says_error(text):
-            return
         key = (len(self._sources) - 1, line_no)
-        kept = self._first.get(cls is not None)
-        if kept is not None and kept[0] <= key:
-            return
+        first_exception = self._first.get(True)
+        if first_exception is not None and first_exception[0] <= key:
+            return  # neither a later exception nor an "error:" line can change the answer
+        cls = exception_line(text)
+        if cls is None:
+            first_said = self._first.get(False)
+            if (first_said is not None and first_said[0] <= key) or not says_error(text):
+                return
         frame: tuple[str, int, str] | None = None
         if cls is not None and self._last_frame is not None:
             at, file, no, function = self._last_frame

@@ -213,8 +213,13 @@ def _exception(text: str) -> tuple[str, str] | None:
 #: Launchers' exceptions that only report another process's failure: never the first error.
 WRAPPER_EXCEPTIONS = frozenset({"ChildFailedError", "CalledProcessError"})
 #: A line that says "error" in a program's own words: argparse's ``prog: error: ...``,
-#: ``Error: ...``, ``ERROR: ...`` at the start or after a prefix.
-_ERROR_SAID = re.compile(r"(?:^|[\s\]:])(?:error|Error|ERROR):\s{0,4}\S")
+#: ``Error: ...``, ``ERROR: ...`` at the start or after a prefix; or a shell's own complaint
+#: about its script (bash's ``./run.sh: line 6: --name: command not found``).
+_ERROR_SAID = re.compile(r"(?:^|[\s\]:])(?:error|Error|ERROR):\s{0,4}\S"
+                         r"|^\S{1,300}: line \d{1,7}: \S")
+#: torchrun's own report of a worker's exit (``ERROR:torch.distributed.elastic...: failed
+#: (exitcode: 1) local_rank: 0``): another process's failure, like ``ChildFailedError``.
+_WRAPPER_SAID = re.compile(r"failed \(exitcode: -?\d{1,4}\) local_rank: ")
 
 
 def exception_line(text: str) -> str | None:
@@ -226,7 +231,8 @@ def exception_line(text: str) -> str | None:
 
 def says_error(text: str) -> bool:
     """True for a line that reports an error in words (``error: ...``), not a traceback's."""
-    return _ERROR_SAID.search(text, 0, MAX_MATCH_CHARS) is not None
+    return (_ERROR_SAID.search(text, 0, MAX_MATCH_CHARS) is not None
+            and _WRAPPER_SAID.search(text, 0, MAX_MATCH_CHARS) is None)
 
 
 def installed_code(frame_file: str) -> bool:

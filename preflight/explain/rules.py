@@ -685,6 +685,9 @@ ANCHORS: tuple[bytes, ...] = (
     b"ommand not found", b"Assertion `", b"did not receive grad",
     # the POSIX shell's (dash's) "sh: 1: torchrun: not found"
     b": not found",
+    # the dynamic loader's "version `GLIBCXX_3.4.29' not found (required by ...)" and Python's
+    # "can't open file 'train.py': [Errno 2]", which hold none of the words above
+    b"not found (required by", b"can't open file",
     # one pass for mp.spawn's "terminated with signal", torchrun's "closing signal" and its own
     # "Received 15 death signal" / "got signal: 15"
     b" signal",

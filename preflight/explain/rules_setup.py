@@ -127,6 +127,13 @@ SETUP_RULES: tuple[Rule, ...] = (
                r"that was used to compile\s{1,4}PyTorch \((?P<built>[\d.]{1,10})\)",
                "an extension is being built with CUDA {found} but torch was built with CUDA "
                "{built}"),
+            # the dynamic loader's words for a library older than a compiled package needs
+            _p(r"(?P<lib>[^\s:'\"`]{0,300}?lib[\w+-]{1,40}\.so[\d.]{0,12}): version "
+               r"`(?P<ver>(?:GLIBCXX|GLIBC|CXXABI|GCC)_[\d.]{1,12})' not found \(required by "
+               r"(?P<by>[^)\n]{1,300})\)",
+               "{lib} is older than {by} needs (it lacks {ver}): install a newer one in the "
+               "image (`strings {lib} | grep {ver}`; conda: `conda install -c conda-forge "
+               "libstdcxx-ng`) or the package built for this system"),
             _p(r"Error building extension '(?P<ext>[\w.-]{1,80})'",
                "the extension {ext} could not be built (its CUDA toolkit or compiler does not "
                "match torch's: read the compiler's first error above)"),
@@ -373,13 +380,45 @@ SETUP_RULES: tuple[Rule, ...] = (
         "the job's own Python code raised it: read the traceback's last frame (the job's "
         "file and line) and fix the script or its input (a path or dataset that is not there, "
         "an attribute or API the installed version lacks: pin the versions the code was "
-        "written for); it is the job's fault, not the node's",
+        "written for; tensor shapes that do not fit: the model, its config, its checkpoint "
+        "and its data must agree); it is the job's fault, not the node's",
         (
             _p(r"(?:^|[\]:]\s{0,2})(?P<cls>NameError|SyntaxError|IndentationError|"
                r"UnboundLocalError): (?P<msg>[^\n]{1,200})",
                "the job's code raised {cls}: {msg}"),
             _p(r"FileNotFoundError: (?P<msg>[^\n]{1,200})",
                "a file or directory the job needs is not there: {msg}"),
+            _p(r"(?P<cls>IsADirectoryError|NotADirectoryError): (?P<msg>[^\n]{1,200})",
+               "the job gave a path of the wrong kind ({cls}): {msg}"),
+            # Python's own words when the script torchrun (or python) is given is not there
+            _p(r"can't open file '(?P<path>[^'\n]{1,300})': \[Errno 2\] No such file or "
+               r"directory",
+               "the script {path} is not there (a wrong path or working directory on this node)"),
+            # torch's words for tensor shapes that do not fit: the model, its config or its
+            # data disagree (a bug or a setting of the job, on every node alike)
+            _p(r"mat1 and mat2 shapes cannot be multiplied \((?P<x>\d{1,9}x\d{1,9}) and "
+               r"(?P<y>\d{1,9}x\d{1,9})\)",
+               "the model's layers do not fit: a matrix product of {x} by {y} (the model's "
+               "config and its layers or checkpoint disagree)"),
+            _p(r"The size of tensor a \((?P<x>\d{1,12})\) must match the size of tensor b "
+               r"\((?P<y>\d{1,12})\) at non-singleton dimension (?P<d>\d{1,3})",
+               "two tensors' shapes do not fit ({x} against {y} in dimension {d}): the model, "
+               "its config or its data disagree"),
+            _p(r"Error\(s\) in loading state_dict for (?P<model>[\w.]{1,120}):",
+               "the checkpoint does not fit the model {model} (missing, unexpected or "
+               "differently shaped parameters: another model config or version)", follow=3),
+            _p(r"Expected input batch_size \((?P<x>\d{1,12})\) to match target batch_size "
+               r"\((?P<y>\d{1,12})\)",
+               "the model's output and the labels have different batch sizes ({x} and {y})"),
+            _p(r"shape '(?P<shape>\[[-\d, ]{1,80}\])' is invalid for input of size "
+               r"(?P<n>\d{1,15})",
+               "a reshape to {shape} does not fit {n} elements: the model, its config or its "
+               "data disagree"),
+            _p(r"Given groups=\d{1,6}, weight of size (?P<w>\[[\d, ]{1,60}\]), expected "
+               r"input(?P<i>\[[\d, ]{1,60}\]) to have (?P<x>\d{1,9}) channels, but got "
+               r"(?P<y>\d{1,9}) channels instead",
+               "a convolution expects {x} input channels and got {y}: the model and its data "
+               "disagree"),
             # Python's own words for a name the code uses that the object or module lacks
             _p(r"AttributeError: '(?P<obj>\w{1,80})' object has no attribute '(?P<attr>\w{1,80})'",
                "the job's code asked a {obj} for {attr}, which it has not"),

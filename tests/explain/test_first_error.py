@@ -63,6 +63,23 @@ def test_a_launchers_own_error_line_when_there_is_no_traceback(
     assert "start reading at the first line that says error" in render_text(expl)
 
 
+def test_a_shells_complaint_about_its_script_is_a_pointer(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # a launch script whose line continuation broke: bash ran the rest as a command
+    first = _explain_json(HERE / "fresh10" / "store-12428240452.log", capsys)["first_error"]
+    assert isinstance(first, dict)
+    assert first["text"] == "./ddp.sh: line 6: --name: command not found"
+    assert first["exception"] is None
+
+
+def test_torchruns_report_of_a_workers_exit_is_not_the_first_error() -> None:
+    expl = classify_texts([("log", "ERROR:torch.distributed.elastic.multiprocessing.api:failed "
+                                   "(exitcode: 2) local_rank: 0 (pid: 31) of binary: /bin/py\n"
+                                   "train: error: unknown flag --lr\n")])
+    assert expl.first_error is not None
+    assert expl.first_error.line.text == "train: error: unknown flag --lr"
+
+
 def test_a_log_with_nothing_that_reads_as_an_error_gets_no_pointer() -> None:
     expl = classify_texts([("job.log", "epoch 1 loss 0.5\nepoch 2 loss 0.4\nterror in the "
                                        "dataset name is not an error line\n")])

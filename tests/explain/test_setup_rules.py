@@ -509,13 +509,73 @@ def test_a_missing_file_the_shell_did_not_find_is_no_missing_launcher() -> None:
     assert reasons("/bin/sh: 1: ./prepare_data.sh: not found") == []
 
 
+ROUND9_LINES = [
+    ("ImportError: /lib/x86_64-linux-gnu/libstdc++.so.6: version `GLIBCXX_3.4.29' not found "
+     "(required by /opt/venv/lib/python3.8/site-packages/google/protobuf/pyext/"
+     "_message.cpython-38-x86_64-linux-gnu.so)", "LibraryMismatch"),
+    ("/usr/bin/python3: /lib64/libc.so.6: version `GLIBC_2.34' not found (required by "
+     "/opt/conda/lib/libstdc++.so.6)", "LibraryMismatch"),
+    ("IsADirectoryError: [Errno 21] Is a directory: 'OpenFlamingo-9B'", "ScriptException"),
+    ("NotADirectoryError: [Errno 20] Not a directory: 'data/train.jsonl/shard0'",
+     "ScriptException"),
+    ("/usr/bin/python3: can't open file '/workspace/train.py': [Errno 2] No such file or "
+     "directory", "ScriptException"),
+    ("RuntimeError: mat1 and mat2 shapes cannot be multiplied (128x768 and 1536x2)",
+     "ScriptException"),
+    ("RuntimeError: The size of tensor a (4) must match the size of tensor b (8) at "
+     "non-singleton dimension 1", "ScriptException"),
+    ("RuntimeError: Error(s) in loading state_dict for VisionTransformer:", "ScriptException"),
+    ("ValueError: Expected input batch_size (32) to match target batch_size (64).",
+     "ScriptException"),
+    ("RuntimeError: shape '[-1, 400]' is invalid for input of size 1000", "ScriptException"),
+    ("RuntimeError: Given groups=1, weight of size [64, 3, 7, 7], expected input[16, 1, 224, "
+     "224] to have 3 channels, but got 1 channels instead", "ScriptException"),
+]
+
+
+def test_the_loader_names_the_library_and_the_version_it_lacks() -> None:
+    f = classify_texts([("log", ROUND9_LINES[0][0])]).findings[0]
+    assert f.message.startswith("/lib/x86_64-linux-gnu/libstdc++.so.6 is older than ")
+    assert "(it lacks GLIBCXX_3.4.29)" in f.message
+
+
+def test_a_checkpoint_that_does_not_fit_shows_its_parameters() -> None:
+    log = ("RuntimeError: Error(s) in loading state_dict for Net:\n"
+           "\tsize mismatch for fc.weight: copying a param with shape torch.Size([10, 512]) "
+           "from checkpoint, the shape in current model is torch.Size([1000, 512]).\n")
+    f = classify_texts([("log", log)]).findings[0]
+    assert f.reason == "ScriptException" and "does not fit the model Net" in f.message
+    assert any("size mismatch for fc.weight" in e.text for e in f.evidence)
+
+
+def test_a_missing_script_is_not_a_missing_launcher() -> None:
+    # torchrun found, the script it was given not: the job's path, not the node's install
+    assert reasons("/env/bin/python: can't open file '/home/u/BLIP2/train.py': [Errno 2] No "
+                   "such file or directory\nERROR:torch.distributed.elastic.multiprocessing."
+                   "api:failed (exitcode: 2) local_rank: 0 (pid: 3169136) of binary: "
+                   "/env/bin/python") == ["ScriptException"]
+
+
+FRESH10 = Path(__file__).parent / "fresh10"
+
+
+TENTH_FRESH_LOGS = [
+    # a loader's version refusal inside an ImportError; a path handed to torch.load that is a
+    # directory; a shape error raised in torch's own frames under the job's
+    ("store-42645328347.log", "LibraryMismatch"),
+    ("store-3934154932.log", "ScriptException"),
+    ("store-30528053516.log", "ScriptException"),
+]
+
+
 #: Real logs of the fresh corpora (development sets since their score guided these rules).
 DEV_LOGS = ([(FRESH / n, e) for n, e in FIRST_FRESH_LOGS]
             + [(FRESH2 / n, e) for n, e in SECOND_FRESH_LOGS]
             + [(FRESH4 / n, e) for n, e in FOURTH_FRESH_LOGS]
             + [(FRESH5 / n, e) for n, e in FIFTH_FRESH_LOGS]
             + [(FRESH6 / n, e) for n, e in SIXTH_FRESH_LOGS]
-            + [(FRESH7 / n, e) for n, e in SEVENTH_FRESH_LOGS])
+            + [(FRESH7 / n, e) for n, e in SEVENTH_FRESH_LOGS]
+            + [(FRESH10 / n, e) for n, e in TENTH_FRESH_LOGS])
 
 
 @pytest.mark.parametrize(("path", "expected"), DEV_LOGS,
@@ -526,7 +586,7 @@ def test_real_logs_of_the_fresh_corpora(path: Path, expected: str) -> None:
 
 #: Every line above, with the reason it must give first.
 ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_LINES
-             + ROUND6_LINES + ROUND7_LINES + ROUND8_LINES)
+             + ROUND6_LINES + ROUND7_LINES + ROUND8_LINES + ROUND9_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

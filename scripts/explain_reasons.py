@@ -29,7 +29,10 @@ def section() -> str:
                     f"{names}.", ""]
         if rule.job_frames:
             out += ["Also: a traceback's last line that no pattern knows, a plain Python exception "
-                    "raised in a frame of the job's own file (not installed code).", ""]
+                    "raised in a frame of the job's own file (not installed code); or a "
+                    "library's refusal of what the job passed it (`KeyError`, `ValueError`, "
+                    "`TypeError`, `AssertionError`, `IndexError` raised in installed code under a "
+                    "frame of the job's own file: the job's call is named).", ""]
         out += [f"Fix: {rule.remedy}", ""]
     return "\n".join(out).rstrip("\n") + "\n"
 

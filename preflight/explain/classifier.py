@@ -27,6 +27,7 @@ from preflight.explain.matching import (
     last_error_detail,
     match_frame,
     match_line,
+    passed_exception,
     says_error,
 )
 from preflight.explain.model import (
@@ -61,6 +62,9 @@ COLLECTIVE_SPAN = 40
 #: How many lines after the last traceback frame its exception line comes (the source line, and
 #: Python 3.11's ``^^^^`` markers).
 EXCEPTION_SPAN = 4
+#: How many lines one traceback frame comes after the one above it (its source line, Python
+#: 3.11's ``^^^^`` / ``~~~^^^`` markers): a frame further down starts another traceback.
+FRAME_GAP = 4
 _FILE_RANK = re.compile(r"(?:rank[_-]?|attempt_\d{1,5}/)(\d{1,7})(?:\D|$)")
 
 
@@ -100,6 +104,8 @@ class Classifier:
         self._frames: dict[int | None, _Frame] = {}
         self._collective: tuple[int, str] | None = None
         self._last_frame: tuple[int, str, str, str] | None = None
+        #: The last frame of the job's own file in the traceback being read, if it had one.
+        self._job_frame: tuple[int, str, str, str] | None = None
         #: The first exception line and the first "error:" line, by (file index, line).
         self._first: dict[bool, tuple[tuple[int, int], FirstError]] = {}
         self.facts = LogFacts()
@@ -128,6 +134,7 @@ class Classifier:
         self._frame_wait = None
         self._collective = None
         self._last_frame = None
+        self._job_frame = None
 
     def count_source(self, source: str) -> None:
         """Name a source read elsewhere (a flight recorder dump) among those read."""
@@ -167,7 +174,12 @@ class Classifier:
                 self._detail_window(block, start, end, line_no + 1, visited)
             call = frame_call(text)
             if call is not None:
+                if (self._last_frame is None
+                        or line_no + 1 - self._last_frame[0] > FRAME_GAP):
+                    self._job_frame = None  # another traceback
                 self._last_frame = (line_no + 1, call[0], call[2], call[1])
+                if not installed_code(call[0]):
+                    self._job_frame = self._last_frame
                 inside = collective_frame(call)
                 if inside is not None:
                     self._collective = (line_no + 1, call[1]) if inside else None
@@ -340,6 +352,15 @@ class Classifier:
         if not 0 < line_no - at <= EXCEPTION_SPAN:
             return
         exc = job_exception(text, file)
+        said_where = ""
+        if exc is None and self._job_frame is not None:
+            # raised in installed code, called from the job's file: what the job passed
+            exc = passed_exception(text)
+            if exc is None:
+                return
+            library = file.replace("\\", "/").rsplit("/", 1)[-1]
+            _, file, no, _ = self._job_frame
+            said_where = library
         if exc is None:
             return
         cls, msg = exc
@@ -347,8 +368,10 @@ class Classifier:
         self._commit_frame(rank)
         name = file.replace("\\", "/").rsplit("/", 1)[-1]
         said = f": {msg[:160]}" if msg else " (no message)"
-        acc = self._count(rule, None, rule.layer,
-                          f"the job's code raised {cls} at {name}:{no}{said}", line_no)
+        message = (f"the job's call at {name}:{no} made installed code ({said_where}) raise "
+                   f"{cls}{said}" if said_where else
+                   f"the job's code raised {cls} at {name}:{no}{said}")
+        acc = self._count(rule, None, rule.layer, message, line_no)
         self._evidence(acc, line_no, text, self.max_evidence)
         if rank is not None:
             self._add_rank(acc, rank)

@@ -202,6 +202,22 @@ def job_exception(text: str, frame_file: str) -> tuple[str, str] | None:
     return exc if exc is not None and exc[0] in JOB_EXCEPTIONS else None
 
 
+#: Exceptions a library raises when the job hands it something it cannot take (a key its
+#: table lacks, a value out of range, an argument of the wrong type or shape): raised in
+#: installed code under a frame of the job's own file, the job's call is where to look.
+#: RuntimeError and OSError are not among them: from installed code they are as often the
+#: node's or the library's (CUDA, NCCL, the file system).
+PASSED_EXCEPTIONS = frozenset({"KeyError", "ValueError", "TypeError", "AssertionError",
+                               "IndexError"})
+
+
+def passed_exception(text: str) -> tuple[str, str] | None:
+    """``(class, message)`` when ``text`` is a traceback's exception line of one of
+    ``PASSED_EXCEPTIONS``, else None."""
+    exc = _exception(text)
+    return exc if exc is not None and exc[0] in PASSED_EXCEPTIONS else None
+
+
 def _exception(text: str) -> tuple[str, str] | None:
     """``(class without its module, message)`` of a traceback's exception line, else None."""
     m = _EXCEPTION_LINE.search(text, 0, MAX_MATCH_CHARS)

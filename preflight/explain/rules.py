@@ -540,7 +540,8 @@ _LATER: tuple[Rule, ...] = (
             _p(r"RendezvousConnectionError|[Tt]he connection to the C10d store has failed",
                "torchelastic could not reach the c10d rendezvous store (--rdzv_endpoint)"),
             _p(r"RendezvousTimeoutError|[Rr]endezvous[^\n]{0,120}timed out|"
-               r"Initialization timed out|connectFullMesh failed",
+               r"Initialization timed out|"
+               r"connectFullMesh failed(?![^\n]{0,80}Connection refused)",
                "the rendezvous (store or gloo connect) timed out"),
             # the store's and gloo's bare socket errors: while the ranks meet (init, the first
             # store access) they are the rendezvous; raised from a collective, a collective
@@ -595,6 +596,13 @@ _LATER: tuple[Rule, ...] = (
             _p(r"gloo/transport/tcp/pair\.cc:\d{1,6}\] connect(?: \[?(?P<peer>[^\]\s]{1,80})\]?:"
                r"(?P<port>\d{1,5}): (?P<why>[A-Z][A-Za-z ]{2,40}))?",
                "gloo could not open its TCP connection to a peer", follow=1),
+            # gloo's full-mesh connect refused by a peer (a 127.x address there: the host
+            # name resolves to loopback in /etc/hosts, so gloo listens on lo)
+            _p(r"connectFullMesh failed[^\n]{0,80}?Connection refused(?:, remote="
+               r"\[(?P<peer>[^\]\s]{1,80})\]:(?P<port>\d{1,5}))?",
+               "gloo's connection to a peer ({peer}:{port}) was refused (a 127.x address means "
+               "a host name resolves to loopback in /etc/hosts: fix it, or set "
+               "GLOO_SOCKET_IFNAME to the data NIC)"),
             _p(r"socketPollConnect[^\n]{0,160}?(?P<why>Connection timed out|Connection refused|"
                r"No route to host)",
                "NCCL's connect to a peer failed: {why}"),

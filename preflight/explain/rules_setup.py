@@ -270,6 +270,10 @@ SETUP_RULES: tuple[Rule, ...] = (
         (
             _p(r"peer access is not supported between these two devices",
                "CUDA peer access is not supported between two of the GPUs"),
+            # accelerate refuses to start on GPUs whose P2P / IB it knows not to work
+            _p(r"Using RTX (?P<gpu>[\w ]{1,40}?) series doesn.t support faster communication",
+               "accelerate refuses P2P and InfiniBand on RTX {gpu} series GPUs: set "
+               "NCCL_P2P_DISABLE=1 and NCCL_IB_DISABLE=1 (`accelerate launch` sets them)"),
         ),
         "RuntimeError: CUDA error: peer access is not supported between these two devices",
     ),
@@ -377,11 +381,11 @@ SETUP_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "ScriptException", Layer.MODEL, ORIGIN,
-        "the job's own Python code raised it: read the traceback's last frame (the job's "
-        "file and line) and fix the script or its input (a path or dataset that is not there, "
-        "an attribute or API the installed version lacks: pin the versions the code was "
-        "written for; tensor shapes that do not fit: the model, its config, its checkpoint "
-        "and its data must agree); it is the job's fault, not the node's",
+        "the job's own Python code raised it: read the traceback's last frame of the job's own "
+        "file (the file and line named) and fix the script or its input (a path or dataset "
+        "that is not there, an attribute or API the installed version lacks: pin the versions "
+        "the code was written for; tensor shapes that do not fit: the model, its config, its "
+        "checkpoint and its data must agree); it is the job's fault, not the node's",
         (
             _p(r"(?:^|[\]:]\s{0,2})(?P<cls>NameError|SyntaxError|IndentationError|"
                r"UnboundLocalError): (?P<msg>[^\n]{1,200})",

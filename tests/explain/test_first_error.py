@@ -42,14 +42,27 @@ def test_a_failed_import_points_at_its_line_and_the_jobs_frame(
         "  raised in <module> at train.py:16 (the job's own code)"]
 
 
-def test_a_library_rejecting_the_jobs_arguments_is_installed_code(
+def test_an_exception_raised_in_installed_code_is_named_so(
         capsys: pytest.CaptureFixture[str]) -> None:
-    first = _explain_json(HERE / "fresh8" / "openinstruct-620.log", capsys)["first_error"]
-    assert isinstance(first, dict)
-    assert first["exception"] == "ValueError"
-    assert "not used by the HfArgumentParser" in first["text"]
-    assert first["frame"]["file"].endswith("transformers/hf_argparser.py")
-    assert first["frame"]["installed"] is True
+    # a traceback with no frame of the job's own file: the library's, not the job's call
+    first = _explain_json(HERE / "fresh11" / "store-5140062711.log", capsys)["first_error"]
+    assert isinstance(first, dict)  # cut above its last frame's file: no frame known
+    assert first["exception"] == "ValueError" and first["frame"] is None
+    assert "Tokenizer class LLaMATokenizer does not exist" in first["text"]
+    expl = classify_texts([("job.log", 'Traceback (most recent call last):\n'
+                            '  File "/opt/venv/lib/python3.11/site-packages/tok/auto.py", line 8, '
+                            'in load\n    raise ValueError(name)\nValueError: LLaMATokenizer\n')])
+    assert not expl.findings
+    assert expl.first_error is not None and expl.first_error.installed is True
+    assert expl.first_error.frame == ("/opt/venv/lib/python3.11/site-packages/tok/auto.py", 8,
+                                      "load")
+
+
+def test_a_library_rejecting_the_jobs_arguments_is_the_jobs_call() -> None:
+    expl = classify_texts([("log", (HERE / "fresh8" / "openinstruct-620.log").read_text())])
+    assert [f.reason for f in expl.findings] == ["ScriptException"]
+    assert "made installed code (hf_argparser.py) raise ValueError" in expl.findings[0].message
+    assert expl.first_error is None
 
 
 def test_a_launchers_own_error_line_when_there_is_no_traceback(

@@ -598,11 +598,13 @@ _LATER: tuple[Rule, ...] = (
                "gloo could not open its TCP connection to a peer", follow=1),
             # gloo's full-mesh connect refused by a peer (a 127.x address there: the host
             # name resolves to loopback in /etc/hosts, so gloo listens on lo)
-            _p(r"connectFullMesh failed[^\n]{0,80}?Connection refused(?:, remote="
-               r"\[(?P<peer>[^\]\s]{1,80})\]:(?P<port>\d{1,5}))?",
+            _p(r"connectFullMesh failed[^\n]{0,80}?Connection refused, remote="
+               r"\[(?P<peer>[^\]\s]{1,80})\]:(?P<port>\d{1,5})",
                "gloo's connection to a peer ({peer}:{port}) was refused (a 127.x address means "
                "a host name resolves to loopback in /etc/hosts: fix it, or set "
                "GLOO_SOCKET_IFNAME to the data NIC)"),
+            _p(r"connectFullMesh failed[^\n]{0,80}?Connection refused",
+               "gloo's connection to a peer was refused"),
             _p(r"socketPollConnect[^\n]{0,160}?(?P<why>Connection timed out|Connection refused|"
                r"No route to host)",
                "NCCL's connect to a peer failed: {why}"),

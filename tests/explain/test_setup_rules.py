@@ -580,9 +580,15 @@ ROUND10_LINES = [
      "`accelerate launch` which will do this automatically.", "P2PUnsupported"),
     ("RuntimeError: Gloo connectFullMesh failed: Connection refused, remote=[127.0.1.1]:17308",
      "NcclConnectFailed"),
+    ("RuntimeError: Gloo connectFullMesh failed: Connection refused", "NcclConnectFailed"),
     ("RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/"
      "pair.cc:144] no error", "RendezvousTimeout"),
 ]
+
+
+def test_a_refused_gloo_connect_without_its_address_names_none() -> None:
+    _, message = first("RuntimeError: Gloo connectFullMesh failed: Connection refused")
+    assert message == "gloo's connection to a peer was refused"
 
 
 def _traceback(*frames: str, last: str) -> str:

@@ -21,6 +21,7 @@ from preflight.explain.matching import (
     FRAMES,
     collective_frame,
     exception_line,
+    file_name,
     frame_call,
     installed_code,
     job_exception,
@@ -344,7 +345,9 @@ class Classifier:
 
     def _script_exception(self, text: str, line_no: int) -> None:
         """Count a traceback's exception line no rule knows when the frame just above it is in
-        the job's own file: the job's code raised it."""
+        the job's own file (the job's code raised it), or when installed code raised one of
+        ``PASSED_EXCEPTIONS`` in a traceback that holds a frame of the job's file (the job's
+        call passed it what it cannot take: that call is named)."""
         rule = JOB_EXCEPTION_RULE
         if self._last_frame is None or rule is None:
             return
@@ -352,25 +355,22 @@ class Classifier:
         if not 0 < line_no - at <= EXCEPTION_SPAN:
             return
         exc = job_exception(text, file)
-        said_where = ""
+        library: str | None = None
         if exc is None and self._job_frame is not None:
             # raised in installed code, called from the job's file: what the job passed
             exc = passed_exception(text)
-            if exc is None:
-                return
-            library = file.replace("\\", "/").rsplit("/", 1)[-1]
+            library = file_name(file)
             _, file, no, _ = self._job_frame
-            said_where = library
         if exc is None:
             return
         cls, msg = exc
         rank = self._rank_of(text)
         self._commit_frame(rank)
-        name = file.replace("\\", "/").rsplit("/", 1)[-1]
+        name = file_name(file)
         said = f": {msg[:160]}" if msg else " (no message)"
-        message = (f"the job's call at {name}:{no} made installed code ({said_where}) raise "
-                   f"{cls}{said}" if said_where else
-                   f"the job's code raised {cls} at {name}:{no}{said}")
+        message = (f"the job's code raised {cls} at {name}:{no}{said}" if library is None else
+                   f"the job's call at {name}:{no} made installed code ({library}) raise "
+                   f"{cls}{said}")
         acc = self._count(rule, None, rule.layer, message, line_no)
         self._evidence(acc, line_no, text, self.max_evidence)
         if rank is not None:

@@ -196,10 +196,7 @@ _INSTALLED = ("site-packages", "dist-packages", "/lib/python", "\\lib\\", "<froz
 def job_exception(text: str, frame_file: str) -> tuple[str, str] | None:
     """``(class, message)`` when ``text`` is a traceback's exception line of a Python
     exception and the frame above it is in the job's own file, else None."""
-    if installed_code(frame_file):
-        return None
-    exc = _exception(text)
-    return exc if exc is not None and exc[0] in JOB_EXCEPTIONS else None
+    return None if installed_code(frame_file) else _exception_of(text, JOB_EXCEPTIONS)
 
 
 #: Exceptions a library raises when the job hands it something it cannot take (a key its
@@ -214,8 +211,13 @@ PASSED_EXCEPTIONS = frozenset({"KeyError", "ValueError", "TypeError", "Assertion
 def passed_exception(text: str) -> tuple[str, str] | None:
     """``(class, message)`` when ``text`` is a traceback's exception line of one of
     ``PASSED_EXCEPTIONS``, else None."""
+    return _exception_of(text, PASSED_EXCEPTIONS)
+
+
+def _exception_of(text: str, classes: frozenset[str]) -> tuple[str, str] | None:
+    """``_exception(text)`` when its class is one of ``classes``, else None."""
     exc = _exception(text)
-    return exc if exc is not None and exc[0] in PASSED_EXCEPTIONS else None
+    return exc if exc is not None and exc[0] in classes else None
 
 
 def _exception(text: str) -> tuple[str, str] | None:
@@ -249,6 +251,11 @@ def says_error(text: str) -> bool:
     """True for a line that reports an error in words (``error: ...``), not a traceback's."""
     return (_ERROR_SAID.search(text, 0, MAX_MATCH_CHARS) is not None
             and _WRAPPER_SAID.search(text, 0, MAX_MATCH_CHARS) is None)
+
+
+def file_name(path: str) -> str:
+    """The last part of a traceback frame's file, a POSIX or a Windows path."""
+    return path.replace("\\", "/").rsplit("/", 1)[-1]
 
 
 def installed_code(frame_file: str) -> bool:

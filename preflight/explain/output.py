@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from preflight.core.textsafe import escape
+from preflight.explain.matching import file_name
 from preflight.explain.model import Explanation
 from preflight.explain.ranks import compress
 
@@ -33,7 +34,7 @@ def _first_error(expl: Explanation) -> list[str]:
            f"  {escape(first.line.source)}:{first.line.line}: {escape(first.line.text)}"]
     if first.frame is not None:
         file, no, function = first.frame
-        name = file.replace("\\", "/").rsplit("/", 1)[-1]
+        name = file_name(file)
         whose = "installed code" if first.installed else "the job's own code"
         out.append(f"  raised in {escape(function)} at {escape(name)}:{no} ({whose})")
     return out

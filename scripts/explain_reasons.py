@@ -32,7 +32,12 @@ def section() -> str:
                     "raised in a frame of the job's own file (not installed code); or a "
                     "library's refusal of what the job passed it (`KeyError`, `ValueError`, "
                     "`TypeError`, `AssertionError`, `IndexError` raised in installed code under a "
-                    "frame of the job's own file: the job's call is named).", ""]
+                    "frame of the job's own file: the job's call is named). Decode errors of "
+                    "the job's input (`JSONDecodeError`, `UnicodeDecodeError`, PyYAML's "
+                    "`ScannerError`, `UnpicklingError`) count as `ValueError`; an import of a "
+                    "part the installed package lacks (`No module named 'torch._six'`, "
+                    "`cannot import name 'X' from 'pkg'`) raised in the job's file is the "
+                    "job's code, a package that is not installed is not.", ""]
         out += [f"Fix: {rule.remedy}", ""]
     return "\n".join(out).rstrip("\n") + "\n"
 

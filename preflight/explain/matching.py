@@ -182,7 +182,9 @@ _EXCEPTION_LINE = re.compile(r"^\s{0,8}(?:\[[^\]\n]{1,40}\]:\s{0,2})?"
                              r"(?:: (?P<msg>[^\n]{1,300})|\s{0,4}$)")
 #: Exceptions that, raised from the job's own file, are the job's own: Python's, not a library's
 #: (a library's errors raised through the job's line, such as CUDA's, have rules of their own).
-#: An import that fails is the environment's, and no business of a distributed-training triage.
+#: A package that is not installed is the environment's, and no business of a
+#: distributed-training triage; an import of a part the installed package lacks is the job's
+#: code (``_API_IMPORT``).
 JOB_EXCEPTIONS = frozenset({
     "ValueError", "TypeError", "KeyError", "IndexError", "AttributeError", "AssertionError",
     "ZeroDivisionError", "NotImplementedError", "RuntimeError", "OSError",
@@ -193,10 +195,37 @@ _INSTALLED = ("site-packages", "dist-packages", "/lib/python", "\\lib\\", "<froz
               "/usr/lib/", "<string>")
 
 
+#: Subclasses of the classes above that Python and common libraries raise, each with the
+#: class it is taken as: a decode error of the job's input is a ValueError (json's, the codecs',
+#: tomllib's), a parse error of its YAML config (PyYAML's, not Python's) or a pickle that cannot
+#: be read (a file of another kind, a truncated checkpoint) is the input's too.
+EXCEPTION_BASES: dict[str, str] = {
+    "JSONDecodeError": "ValueError", "UnicodeDecodeError": "ValueError",
+    "UnicodeEncodeError": "ValueError", "UnicodeError": "ValueError",
+    "TOMLDecodeError": "ValueError", "UnpicklingError": "ValueError",
+    "ScannerError": "ValueError", "ParserError": "ValueError", "ComposerError": "ValueError",
+    "ConstructorError": "ValueError",
+}
+#: An import of a part the installed package lacks: ``No module named 'torch._six'`` (Python
+#: names the first part of a dotted name it could not find, so the package was found and its
+#: submodule was not) or ``cannot import name 'X' from 'pkg'``. Raised in the job's own file,
+#: the job's code was written for another version of the package. A bare ``No module named
+#: 'x'`` (a package not installed) is not one, nor ``...; 'x' is not a package`` (a module of
+#: that name shadows the package: another install, or a file beside the script).
+_API_IMPORT = re.compile(r"No module named '\w{1,80}\.[\w.]{1,160}'\s{0,4}$"
+                         r"|cannot import name '\w{1,80}' from '[\w.]{1,160}'")
+_IMPORTS = frozenset({"ModuleNotFoundError", "ImportError"})
+
+
 def job_exception(text: str, frame_file: str) -> tuple[str, str] | None:
     """``(class, message)`` when ``text`` is a traceback's exception line of a Python
     exception and the frame above it is in the job's own file, else None."""
-    return None if installed_code(frame_file) else _exception_of(text, JOB_EXCEPTIONS)
+    if installed_code(frame_file):
+        return None
+    exc = _exception_of(text, JOB_EXCEPTIONS)
+    if exc is None and (imp := _exception_of(text, _IMPORTS)) is not None:
+        exc = imp if _API_IMPORT.match(imp[1]) else None
+    return exc
 
 
 #: Exceptions a library raises when the job hands it something it cannot take (a key its
@@ -215,9 +244,12 @@ def passed_exception(text: str) -> tuple[str, str] | None:
 
 
 def _exception_of(text: str, classes: frozenset[str]) -> tuple[str, str] | None:
-    """``_exception(text)`` when its class is one of ``classes``, else None."""
+    """``_exception(text)`` when its class is one of ``classes`` or is taken as one
+    (``EXCEPTION_BASES``), else None."""
     exc = _exception(text)
-    return exc if exc is not None and exc[0] in classes else None
+    if exc is None or (exc[0] not in classes and EXCEPTION_BASES.get(exc[0]) not in classes):
+        return None
+    return exc
 
 
 def _exception(text: str) -> tuple[str, str] | None:
@@ -238,6 +270,9 @@ _ERROR_SAID = re.compile(r"(?:^|[\s\]:])(?:error|Error|ERROR):\s{0,4}\S"
 #: torchrun's own report of a worker's exit (``ERROR:torch.distributed.elastic...: failed
 #: (exitcode: 1) local_rank: 0``): another process's failure, like ``ChildFailedError``.
 _WRAPPER_SAID = re.compile(r"failed \(exitcode: -?\d{1,4}\) local_rank: ")
+#: c10's warning prefix (``[W socket.cpp:663] ...``, ``[rank0]:[W1203 10:00:00.0 ...]``): a
+#: warning that quotes an error (``gai error: -3``) is not where a failure starts.
+_C10_WARNING = re.compile(r"^(?:\[rank\d{1,7}\]:)?\[W[\d ]")
 
 
 def exception_line(text: str) -> str | None:
@@ -250,7 +285,8 @@ def exception_line(text: str) -> str | None:
 def says_error(text: str) -> bool:
     """True for a line that reports an error in words (``error: ...``), not a traceback's."""
     return (_ERROR_SAID.search(text, 0, MAX_MATCH_CHARS) is not None
-            and _WRAPPER_SAID.search(text, 0, MAX_MATCH_CHARS) is None)
+            and _WRAPPER_SAID.search(text, 0, MAX_MATCH_CHARS) is None
+            and _C10_WARNING.match(text) is None)
 
 
 def file_name(path: str) -> str:

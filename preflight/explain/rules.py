@@ -431,6 +431,14 @@ _LATER: tuple[Rule, ...] = (
             _p(r"(?P<pid>\d{1,10}) Killed\s{1,40}(?:python|torchrun|deepspeed|accelerate)",
                "{who} was killed by SIGKILL (the shell says Killed): likely the host's OOM killer "
                "or the scheduler (check `dmesg` / `journalctl -k`)"),
+            # ... and its words for a crash ("line 20: 98765 Segmentation fault      (core
+            # dumped) python train.py"), or the bare words of an interactive shell
+            _p(r"(?P<pid>\d{1,10}) (?P<word>Segmentation fault|Aborted|Bus error)"
+               r"(?:\s{1,30}\(core dumped\))?\s{1,40}(?:python|torchrun|deepspeed|accelerate)",
+               "{who} ended with {name} (the shell says {word}): {hint}"),
+            _p(r"^\s{0,8}(?P<word>Segmentation fault|Aborted|Bus error)(?:\s{1,12}"
+               r"\(core dumped\))?\s{0,4}$",
+               "a process ended with {name} (the shell says {word}): {hint}", last=True),
             # the shell's bare "Killed": the cause when nothing else is found, after everything
             # else when something is (a launcher that ended its own processes prints it too)
             _p(r"^\s{0,8}Killed\s{0,4}$",
@@ -515,6 +523,9 @@ _LATER: tuple[Rule, ...] = (
             _p(r"Timed out after (?P<s>\d{1,9}) seconds waiting for clients\. "
                r"(?P<n>\d{1,7})/(?P<w>\d{1,7}) clients joined",
                "the store on MASTER_ADDR waited {s} s but only {n} of {w} ranks joined"),
+            # the same message wrapped (a terminal's width, a paste) before its count
+            _p(r"Timed out after (?P<s>\d{1,9}) seconds waiting for clients\.\s{0,4}$",
+               "the store on MASTER_ADDR waited {s} s and not every rank joined"),
             _p(r"client socket has timed out after (?P<t>\d{1,12}m?s) while trying to connect "
                r"to \((?P<host>[^,\n]{1,255}), (?P<port>\d{1,5})\)",
                "a rank could not connect to the store at {host}:{port} within {t}"),
@@ -530,7 +541,11 @@ _LATER: tuple[Rule, ...] = (
                r"(?P<addr>[^\n]{1,120}?)(?: \(errno: (?P<errno>\d{1,4}) - (?P<why>[^)\n]{1,60})\)|"
                r"\.|$)",
                "a rank could not connect to the store at {addr}"),
-            _p(r"(?:Name or service not known|Temporary failure in name resolution|nodename nor "
+            # (not c10d's warning that a host has no IPv6 address, which healthy runs print:
+            # "The IPv6 network addresses of (node01, 29500) cannot be retrieved (gai error: -3
+            # - Temporary failure in name resolution)")
+            _p(r"^(?![^\n]{0,300}The IPv6 network addresses of )[^\n]{0,3000}?"
+               r"(?:Name or service not known|Temporary failure in name resolution|nodename nor "
                r"servname provided|No address associated with hostname)",
                "a host name (MASTER_ADDR or --rdzv_endpoint) could not be resolved"),
             _p(r"wait timeout after (?P<t>\d{1,12})ms, keys:",
@@ -701,6 +716,8 @@ ANCHORS: tuple[bytes, ...] = (
     # one pass for mp.spawn's "terminated with signal", torchrun's "closing signal" and its own
     # "Received 15 death signal" / "got signal: 15"
     b" signal",
+    # the shell's words for a crashed process: "Segmentation fault", "Aborted (core dumped)"
+    b"egmentation fault", b"core dumped)",
 )
 
 BY_REASON: dict[str, Rule] = {r.reason: r for r in RULES}

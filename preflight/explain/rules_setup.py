@@ -227,6 +227,12 @@ SETUP_RULES: tuple[Rule, ...] = (
             _p(r"op\.preamble\.length <= op\.nbytes\. (?P<got>\d{1,15}) vs (?P<want>\d{1,15})",
                "gloo received {got} bytes into a {want}-byte buffer: the ranks ran the "
                "collective with different sizes"),
+            # NCCL's transports say the same: "NET/Socket : peer A message truncated :
+            # receiving N bytes instead of M", NET/IB's "Message truncated : received N bytes"
+            _p(r"[Mm]essage truncated ?: receiv(?:ing|ed) (?P<got>\d{1,15}) bytes instead of "
+               r"(?P<want>\d{1,15})",
+               "NCCL received {got} bytes where a peer's collective expected {want}: the ranks "
+               "ran it with different sizes, or NCCL_PROTO / NCCL_ALGO differ between them"),
         ),
         "RuntimeError: Detected mismatch between collectives on ranks. Rank 0 is running "
         "collective: CollectiveFingerPrint(SequenceNumber=12, OpType=BROADCAST, "
@@ -383,9 +389,9 @@ SETUP_RULES: tuple[Rule, ...] = (
         "ScriptException", Layer.MODEL, ORIGIN,
         "the job's own Python code raised it: read the traceback's last frame of the job's own "
         "file (the file and line named) and fix the script or its input (a path or dataset "
-        "that is not there, an attribute or API the installed version lacks: pin the versions "
-        "the code was written for; tensor shapes that do not fit: the model, its config, its "
-        "checkpoint and its data must agree); it is the job's fault, not the node's",
+        "that is not there, a module, attribute or API the installed version lacks: pin the "
+        "versions the code was written for; tensor shapes that do not fit: the model, its "
+        "config, its checkpoint and its data must agree); it is the job's fault, not the node's",
         (
             _p(r"(?:^|[\]:]\s{0,2})(?P<cls>NameError|SyntaxError|IndentationError|"
                r"UnboundLocalError): (?P<msg>[^\n]{1,200})",

@@ -93,6 +93,23 @@ def test_torchruns_report_of_a_workers_exit_is_not_the_first_error() -> None:
     assert expl.first_error.line.text == "train: error: unknown flag --lr"
 
 
+_IPV6 = ("[W socket.cpp:663] [c10d] The IPv6 network addresses of (node01, 29500) cannot be "
+         "retrieved (gai error: -3 - Temporary failure in name resolution).")
+
+
+@pytest.mark.parametrize("warning", [_IPV6, "[rank0]:[W1203 10:00:00.000000 1234 socket.cpp:"
+                                            "663] [c10d] a warning that says error: quoted"])
+def test_c10s_warning_that_quotes_an_error_is_neither_a_finding_nor_a_pointer(
+        warning: str) -> None:
+    """Healthy runs print c10d's IPv6 warning; it names the resolver's error, not a failure."""
+    expl = classify_texts([("job.log", f"{warning}\nepoch 1 loss 0.5\n")])
+    assert expl.findings == () and expl.first_error is None
+    # the same words in an error are still read
+    failed = classify_texts([("job.log", "torch.distributed.DistNetworkError: gai error: -3 - "
+                                         "Temporary failure in name resolution\n")])
+    assert [f.reason for f in failed.findings] == ["RendezvousTimeout"]
+
+
 def test_a_log_with_nothing_that_reads_as_an_error_gets_no_pointer() -> None:
     expl = classify_texts([("job.log", "epoch 1 loss 0.5\nepoch 2 loss 0.4\nterror in the "
                                        "dataset name is not an error line\n")])

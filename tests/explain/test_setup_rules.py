@@ -387,10 +387,53 @@ def test_a_library_rejecting_what_the_job_passed_names_the_jobs_call() -> None:
                                "RuntimeError: CUDA driver returned 999")) == []
 
 
-def test_an_import_that_fails_is_not_called_the_jobs_bug() -> None:
-    imp = _JOB_TRACEBACK.replace("ValueError: unknown optimizer adamw8",
-                                 "ImportError: cannot import name 'FusedAdam' from 'apex'")
-    assert reasons(imp) == []
+def _importing(line: str) -> str:
+    return _JOB_TRACEBACK.replace("ValueError: unknown optimizer adamw8", line)
+
+
+def test_a_package_that_is_not_installed_is_not_called_the_jobs_bug() -> None:
+    assert reasons(_importing("ModuleNotFoundError: No module named 'apex'")) == []
+    # a module of the package's name shadows it: another install, or a file beside the script
+    assert reasons(_importing("ModuleNotFoundError: No module named 'torch.distributed.run'; "
+                              "'torch.distributed' is not a package")) == []
+
+
+@pytest.mark.parametrize("line", [
+    "ModuleNotFoundError: No module named 'torch._six'",
+    "ImportError: cannot import name 'FusedAdam' from 'apex' "
+    "(/opt/conda/lib/python3.10/site-packages/apex/__init__.py)",
+])
+def test_an_import_of_a_part_the_installed_package_lacks_is_the_jobs_code(line: str) -> None:
+    """The package was found and lacks what the job's code imports: the code was written for
+    another version of it, which the job (not the node) must install or drop."""
+    f = classify_texts([("job.log", _importing(line))]).findings
+    assert [d.reason for d in f] == ["ScriptException"]
+    assert f"at train.py:61: {line.split(': ', 1)[1][:60]}" in f[0].message
+    assert "module, attribute or API the installed version lacks" in f[0].remedy
+
+
+_DECODING = """Traceback (most recent call last):
+  File "/home/u/proj/train.py", line 61, in main
+    cfg = json.load(open(path))
+  File "/usr/lib/python3.10/json/decoder.py", line 355, in raw_decode
+    raise JSONDecodeError("Expecting value", s, err.value) from None
+"""
+
+
+@pytest.mark.parametrize("cls", ["json.decoder.JSONDecodeError", "yaml.scanner.ScannerError",
+                                 "UnicodeDecodeError", "_pickle.UnpicklingError"])
+def test_a_decode_error_of_the_jobs_input_is_taken_as_the_value_error_it_is(cls: str) -> None:
+    """Raised in installed code under the job's call (json.load of a file that is not JSON, a
+    YAML config that does not parse), the job's call and its input are where to look."""
+    f = classify_texts([("job.log", _DECODING + f"{cls}: Expecting value: line 1 column 1\n")]
+                       ).findings
+    assert [d.reason for d in f] == ["ScriptException"]
+    assert "the job's call at train.py:61 made installed code (decoder.py) raise" in f[0].message
+
+
+def test_an_error_a_library_raises_for_itself_is_still_not_the_jobs() -> None:
+    """Only the decode errors are taken as ValueError: a library's own error class is not."""
+    assert reasons(_DECODING + "requests.exceptions.ConnectionError: Max retries exceeded\n") == []
 
 
 def test_a_specific_cause_goes_before_the_jobs_exception() -> None:
@@ -586,6 +629,38 @@ ROUND10_LINES = [
 ]
 
 
+ROUND11_LINES = [
+    # bash's job control for a crashed command, and an interactive shell's bare words
+    ("/var/spool/slurmd/job1234/slurm_script: line 20: 98765 Segmentation fault      (core "
+     "dumped) python train.py", "RankKilled"),
+    ("run.sh: line 7:  4242 Aborted                 (core dumped) torchrun --nproc_per_node 8 "
+     "train.py", "RankKilled"),
+    ("Segmentation fault (core dumped)", "RankKilled"),
+    # NCCL's socket transport (net_socket.cc) when the peers' sizes differ
+    ("node02:5678:5700 [1] transport/net_socket.cc:540 NCCL WARN NET/Socket : peer "
+     "10.0.0.1<45678> message truncated : receiving 1048576 bytes instead of 65536. If you "
+     "believe your socket network is in healthy state, there may be a mismatch in collective "
+     "sizes or environment settings (e.g. NCCL_PROTO, NCCL_ALGO) between ranks",
+     "CollectiveMismatch"),
+]
+
+
+def test_the_shells_words_for_a_crash_name_the_signal() -> None:
+    _, message = first(ROUND11_LINES[0][0])
+    assert message.startswith("process 98765 ended with SIGSEGV (the shell says Segmentation "
+                              "fault)")
+    _, message = first("Bus error (core dumped)")
+    assert "SIGBUS" in message and "/dev/shm" in message
+
+
+def test_a_stores_wait_for_clients_cut_before_its_count_is_still_read() -> None:
+    """A terminal's width or a paste puts the count on the next line."""
+    reason, message = first("torch.distributed.DistStoreError: Timed out after 3601 seconds "
+                            "waiting for clients. \n1/16 clients joined.\n")
+    assert reason == "RendezvousTimeout"
+    assert message.startswith("the store on MASTER_ADDR waited 3601 s and not every rank joined")
+
+
 def test_a_refused_gloo_connect_without_its_address_names_none() -> None:
     _, message = first("RuntimeError: Gloo connectFullMesh failed: Connection refused")
     assert message == "gloo's connection to a peer was refused"
@@ -638,6 +713,17 @@ ELEVENTH_FRESH_LOGS = [
     ("store-56982347547.log", "NcclConnectFailed"),
 ]
 
+FRESH12 = Path(__file__).parent / "fresh12"
+
+
+TWELFTH_FRESH_LOGS = [
+    # a decode error of the job's data under its call; an import of a part torch no longer has;
+    # a store's wait for clients wrapped before its count
+    ("medusa-12.log", "ScriptException"),
+    ("store-11265493140.log", "ScriptException"),
+    ("store-44501004734.log", "RendezvousTimeout"),
+]
+
 
 #: Real logs of the fresh corpora (development sets since their score guided these rules).
 DEV_LOGS = ([(FRESH / n, e) for n, e in FIRST_FRESH_LOGS]
@@ -647,7 +733,8 @@ DEV_LOGS = ([(FRESH / n, e) for n, e in FIRST_FRESH_LOGS]
             + [(FRESH6 / n, e) for n, e in SIXTH_FRESH_LOGS]
             + [(FRESH7 / n, e) for n, e in SEVENTH_FRESH_LOGS]
             + [(FRESH10 / n, e) for n, e in TENTH_FRESH_LOGS]
-            + [(FRESH11 / n, e) for n, e in ELEVENTH_FRESH_LOGS])
+            + [(FRESH11 / n, e) for n, e in ELEVENTH_FRESH_LOGS]
+            + [(FRESH12 / n, e) for n, e in TWELFTH_FRESH_LOGS])
 
 
 @pytest.mark.parametrize(("path", "expected"), DEV_LOGS,
@@ -659,7 +746,7 @@ def test_real_logs_of_the_fresh_corpora(path: Path, expected: str) -> None:
 #: Every line above, with the reason it must give first.
 ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_LINES
              + ROUND6_LINES + ROUND7_LINES + ROUND8_LINES + ROUND9_LINES
-             + ROUND10_LINES)
+             + ROUND10_LINES + ROUND11_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

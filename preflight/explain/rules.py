@@ -116,6 +116,10 @@ _FIRST: tuple[Rule, ...] = (
         (
             _p(r"invalid device ordinal",
                "a process asked for a CUDA device that does not exist (invalid device ordinal)"),
+            # torch's lazy CUDA init when the index is past the visible GPUs
+            _p(r"device >= 0 && device < num_gpus INTERNAL ASSERT FAILED[^\n]{0,300}?"
+               r"device=(?P<dev>\d{1,4}), num_gpus=(?P<n>\d{1,4})",
+               "a process asked for CUDA device {dev} and sees {n} GPU(s)"),
         ),
         "RuntimeError: CUDA error: invalid device ordinal",
         frames=(
@@ -279,6 +283,9 @@ _FIRST: tuple[Rule, ...] = (
             _p(r"Expected all tensors to be on the same device",
                "an op got tensors on different devices"),
             # torch 1.x's words
+            _p(r"Tensor for argument #\d{1,3} '(?P<arg>\w{1,40})' is on (?P<got>CPU|GPU), but "
+               r"expected it to be on (?P<want>CPU|GPU)",
+               "an op expected its argument {arg} on the {want} and got it on the {got}"),
             _p(r"expected device (?P<want>cuda:\d{1,4}|cpu) but got device "
                r"(?P<got>cuda:\d{1,4}|cpu)",
                "an op expected {want} but got a tensor on {got}"),
@@ -339,7 +346,8 @@ _FIRST: tuple[Rule, ...] = (
     ),
     Rule(
         "HostOutOfMemory", Layer.ENVIRONMENT, ORIGIN,
-        "the host (or the job's memory limit) ran out of memory and the kernel killed a rank: "
+        "the host (or the job's memory limit) ran out of memory: the kernel killed a rank or "
+        "an allocation failed; "
         "see `dmesg -T | grep -i -E 'killed process|out of memory'`, `sacct -j JOB -o MaxRSS`, "
         "`kubectl describe pod` (OOMKilled); lower host memory per rank: fewer DataLoader "
         "num_workers / prefetch_factor, no pin_memory on a full host, load the checkpoint with "
@@ -361,6 +369,10 @@ _FIRST: tuple[Rule, ...] = (
             _p(r"Detected (?P<n>\d{1,6}) oom[_-]kill events?",
                "Slurm saw {n} oom-kill event(s) in the job step (its cgroup memory limit)"),
             _p(r"\bOOMKilled\b", "the container was OOMKilled (its memory limit)"),
+            # torch's CPU allocator (a checkpoint loaded whole on every rank, a large batch)
+            _p(r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory): you tried to "
+               r"allocate (?P<n>\d{1,20}) bytes",
+               "torch could not allocate {n} bytes of host memory"),
             _p(r"The node was low on resource: memory",
                "Kubernetes evicted the pod: the node was low on memory"),
             # DeepSpeed's see_memory_usage: evidence for a SIGKILL, not a failure by itself
@@ -623,6 +635,9 @@ _LATER: tuple[Rule, ...] = (
             _p(r"socketPollConnect[^\n]{0,160}?(?P<why>Connection timed out|Connection refused|"
                r"No route to host)",
                "NCCL's connect to a peer failed: {why}"),
+            # NCCL >= 2.19 gives up retrying a refused or timed-out connect
+            _p(r"socketStartConnect: exceeded retries \((?P<n>\d{1,9})\)",
+               "NCCL gave up connecting to a peer after {n} retries"),
         ),
         "node01:4102:4190 [0] misc/socket.cc:484 NCCL WARN socketStartConnect: Connect to "
         "10.1.0.12<43211> failed : Connection refused",

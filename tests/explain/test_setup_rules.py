@@ -642,6 +642,19 @@ ROUND11_LINES = [
      "believe your socket network is in healthy state, there may be a mismatch in collective "
      "sizes or environment settings (e.g. NCCL_PROTO, NCCL_ALGO) between ranks",
      "CollectiveMismatch"),
+    # torch's lazy CUDA init, its older words for a tensor on the wrong device, its CPU
+    # allocator, and NCCL 2.19's end of connect retries
+    ("torch.cuda.DeferredCudaCallError: CUDA call failed lazily at initialization with error: "
+     "device >= 0 && device < num_gpus INTERNAL ASSERT FAILED at \"../aten/src/ATen/cuda/"
+     "CUDAContext.cpp\":50, please report a bug to PyTorch. device=1, num_gpus=1",
+     "InvalidDeviceOrdinal"),
+    ("RuntimeError: Tensor for argument #2 'mat1' is on CPU, but expected it to be on GPU (while "
+     "checking arguments for addmm)", "DeviceMismatch"),
+    ("RuntimeError: [enforce fail at alloc_cpu.cpp:83] err == 0. DefaultCPUAllocator: can't "
+     "allocate memory: you tried to allocate 34359738368 bytes. Error code 12 (Cannot allocate "
+     "memory)", "HostOutOfMemory"),
+    ("node1:123:456 [0] misc/socket.cc:484 NCCL WARN socketStartConnect: exceeded retries "
+     "(20000)", "NcclConnectFailed"),
 ]
 
 

@@ -172,10 +172,14 @@ class SignalHook(RuleHook):
     PID closing signal SIGTERM") and its failure summary lists them with exit code -15: those
     PIDs are a consequence, not a kill from outside. ProcessGroupNCCL takes a rank down with
     SIGABRT once its watchdog saw a timeout or an NCCL error: a finding whose every kill is such
-    a SIGABRT of ranks another finding names goes last."""
+    a SIGABRT of ranks another finding names goes last. So does an interrupt (SIGINT): a user
+    who presses Ctrl-C on a job that hung or failed is reacting to what the other findings
+    name."""
 
     #: Signals a process sends itself after a failure another finding names.
     OWN_ABORT = frozenset({"SIGABRT"})
+    #: Signals a person sends after seeing the job fail or hang.
+    INTERRUPT = frozenset({"SIGINT"})
 
     def accept(self, facts: LogFacts, groups: dict[str, str], pat: Pattern, line_no: int
                ) -> tuple[bool, int | None]:
@@ -206,6 +210,8 @@ class SignalHook(RuleHook):
             acc.signals[groups["name"]] = None
 
     def goes_last(self, acc: Acc, others: list[Acc]) -> bool:
+        if acc.signals and set(acc.signals) <= self.INTERRUPT:
+            return bool(others)
         if not acc.signals or not set(acc.signals) <= self.OWN_ABORT or not acc.ranks:
             return False
         named = {r for other in others for r in other.ranks}

@@ -132,3 +132,17 @@ def test_torchruns_own_stop_signal_after_a_failure_summary_names_no_rank() -> No
     stop = [f for f in expl.findings if "torchrun itself" in f.message]
     assert len(stop) == 1
     assert 0 not in stop[0].ranks
+
+
+def test_an_interrupt_goes_after_what_the_user_was_reacting_to() -> None:
+    """Ctrl-C on a job that hung or failed: the interrupt is the user's answer to the other
+    findings, not their cause; alone, it is still named."""
+    connect = ("node1:11:12 [0] misc/socket.cc:484 NCCL WARN socketStartConnect: Connect to "
+               "10.0.0.2<43251> failed : Connection timed out\n")
+    interrupted = ("torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated "
+                   "with signal SIGINT\n")
+    assert reasons(connect + interrupted) == ["NcclConnectFailed", "RankKilled"]
+    (alone,) = classify_texts([("job.log", interrupted)]).findings
+    assert alone.reason == "RankKilled" and "SIGINT" in alone.message
+    # a kill from outside keeps its place before a wrapper
+    assert reasons(connect + interrupted.replace("SIGINT", "SIGKILL"))[0] == "RankKilled"

@@ -176,9 +176,21 @@ def last_error_detail(text: str) -> str | None:
     return m.group("detail") if m else None
 
 
+#: What launchers and log collectors put before each line of a rank's output, up to two of
+#: them: PyTorch's ``[rank3]:`` / torchrun's ``[default0]:``, Open MPI's ``[1,0]<stderr>:``,
+#: Ray's ``(RayTrainWorker pid=1234)``, kubectl's ``--timestamps``, pdsh's (DeepSpeed's
+#: multi-node launcher) ``worker-0:`` and srun's ``--label`` ``0:`` (a word that is not an
+#: exception's class), docker compose's ``node-1 |``.
+_LINE_PREFIX = (r"(?:\[[^\]\n]{1,40}\]:\s{0,2}"
+                r"|\[\d{1,5},\d{1,5}\]<std(?:out|err)>:\s{0,2}"
+                r"|\([\w.-]{1,40} pid=\d{1,10}(?:, ip=[\w.:]{3,45})?\)\s{1,2}"
+                r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?Z?\s{1,2}"
+                r"|(?![\w.]{0,240}(?:Error|Exception|Warning):)[\w.-]{1,64}:\s{1,2}"
+                r"|[\w.-]{1,64}\s{1,20}\|\s{1,2}"
+                r"){0,2}")
 #: The last line of a Python traceback: ``ValueError: ...``, ``pkg.mod.SomeError: ...``.
-_EXCEPTION_LINE = re.compile(r"^\s{0,8}(?:\[[^\]\n]{1,40}\]:\s{0,2})?"
-                             r"(?P<cls>[A-Za-z_][\w.]{0,240}Error)"
+_EXCEPTION_LINE = re.compile(r"^\s{0,8}" + _LINE_PREFIX
+                             + r"(?P<cls>[A-Za-z_][\w.]{0,240}Error)"
                              r"(?:: (?P<msg>[^\n]{1,300})|\s{0,4}$)")
 #: Exceptions that, raised from the job's own file, are the job's own: Python's, not a library's
 #: (a library's errors raised through the job's line, such as CUDA's, have rules of their own).

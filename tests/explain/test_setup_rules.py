@@ -765,3 +765,26 @@ ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_L
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])
 def test_program_lines_name_their_reason(line: str, reason: str) -> None:
     assert reasons(line)[:1] == [reason]
+
+
+@pytest.mark.parametrize("prefix", [
+    "worker-0: ",                               # pdsh, DeepSpeed's multi-node launcher
+    "0: ",                                      # srun --label
+    "[1,0]<stderr>:",                           # Open MPI's --tag-output
+    "(RayTrainWorker pid=1234, ip=10.0.0.2) ",  # Ray
+    "2024-05-01T10:00:00.123456789Z ",          # kubectl logs --timestamps
+    "node-1  | ",                               # docker compose
+    "0: [rank0]: ",                             # two of them
+])
+def test_a_launchers_line_prefix_does_not_hide_the_jobs_exception(prefix: str) -> None:
+    lines = _JOB_TRACEBACK.splitlines()
+    f = classify_texts([("job.log", "".join(f"{prefix}{line}\n" for line in lines))]).findings
+    assert [d.reason for d in f] == ["ScriptException"]
+    assert "ValueError at train.py:61: unknown optimizer adamw8" in f[0].message
+
+
+def test_an_exception_class_is_not_read_as_a_prefix() -> None:
+    """``RuntimeError: ValueError: x`` is a RuntimeError (not taken from installed code), not a
+    ValueError behind a host name."""
+    log = _traceback(JOB, LIB, last="RuntimeError: ValueError: wrapped")
+    assert reasons(log) == []

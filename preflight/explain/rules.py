@@ -292,6 +292,12 @@ _FIRST: tuple[Rule, ...] = (
             _p(r"Expected object of device type (?P<want>\w{1,10}) but got device type "
                r"(?P<got>\w{1,10})",
                "an op expected a {want} tensor but got a {got} one"),
+            # a layer's input and weights on different devices (the dtype case is the job's
+            # mixed precision: ScriptException)
+            _p(r"Input type \(torch\.cuda\.\w{1,40}\) and weight type \(torch\.(?!cuda)\w{1,40}\)"
+               r"|Input type \(torch\.(?!cuda)\w{1,40}\) and weight type \(torch\.cuda\.\w{1,40}\)",
+               "a layer's input and its weights are on different devices (one on the GPU, one "
+               "on the CPU)"),
             _p(r"Tensors must be CUDA and dense|No backend type associated with device type cpu",
                "a CPU tensor was passed to an NCCL collective"),
             _p(r"module must have its parameters and buffers on device (?P<want>cuda:\d{1,4})",

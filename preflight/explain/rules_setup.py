@@ -349,6 +349,32 @@ SETUP_RULES: tuple[Rule, ...] = (
         progress=False,
     ),
     Rule(
+        "MissingPackage", Layer.ENVIRONMENT, ORIGIN,
+        "the Python that ran the job cannot find a module it imports: on each node run the "
+        "job's Python as the launcher starts it (`which python`, `python -c 'import NAME'` with "
+        "the job's environment) and install the package there or in the image; activate the "
+        "environment in the job script itself (srun, DeepSpeed's pdsh and ssh start a new "
+        "shell on each node, without your shell's venv or conda env); for the job's own "
+        "modules start it from the project's directory or set PYTHONPATH, and rename a file "
+        "beside the script that has a package's name",
+        (
+            # Python's words for a top-level name it found nowhere (Python 2 without quotes).
+            # Not a dotted name (raised in the job's own file, a part the installed package
+            # lacks: the job's code), nor a dunder one (``'__torch__'``: torch.load given a
+            # TorchScript file), nor a warning that quotes it (torch's "Failed to initialize
+            # NumPy: No module named 'numpy'")
+            _p(r"(?:^\s{0,8}|[\]:|)]\s{0,2})(?:ModuleNotFoundError|ImportError): No module "
+               r"named '?(?!__)(?P<mod>\w{1,80})'?\s{0,4}$",
+               "the module {mod} is not installed in the Python that ran the job"),
+            _p(r"No module named '(?P<mod>[\w.]{1,160})'; '(?P<pkg>[\w.]{1,160})' is not a "
+               r"package",
+               "{pkg} is a module, not the package {mod} needs: a file of that name (beside the "
+               "script, or on PYTHONPATH) or another install shadows the package"),
+        ),
+        "ModuleNotFoundError: No module named 'deepspeed'",
+        progress=False,
+    ),
+    Rule(
         "LauncherNotFound", Layer.ENVIRONMENT, ORIGIN,
         "the launcher the job calls is not installed or not on PATH here: install it (Slurm's "
         "`srun` comes with the slurm client, and only works inside an allocation), activate "
@@ -429,6 +455,28 @@ SETUP_RULES: tuple[Rule, ...] = (
                r"(?P<y>\d{1,9}) channels instead",
                "a convolution expects {x} input channels and got {y}: the model and its data "
                "disagree"),
+            # torch's words for tensors of dtypes that do not fit one op: the job's mixed
+            # precision (autocast, .half(), bf16 settings) or its data
+            _p(r"Found dtype (?P<got>\w{1,20}) but expected (?P<want>\w{1,20})",
+               "an op got a {got} tensor where {want} was expected (the job's mixed precision "
+               "or its data: cast the tensors, or keep the op under autocast)"),
+            _p(r"expected scalar type (?P<want>\w{1,20}) but found (?P<got>\w{1,20})",
+               "an op expected {want} tensors and got {got} (the job's mixed precision or its "
+               "data: cast the tensors, or keep the op under autocast)"),
+            _p(r"expected (?:mat1 and mat2|both vectors|m1 and m2) to have the same dtype, but "
+               r"got:? (?P<x>[\w:]{1,30}) != (?P<y>[\w:]{1,30})",
+               "a matrix product got tensors of two dtypes ({x} and {y}): the job's mixed "
+               "precision casts one and not the other"),
+            _p(r"Input type \((?P<x>[\w.]{1,60})\) and weight type \((?P<y>[\w.]{1,60})\) "
+               r"should be the same",
+               "a layer's input is {x} and its weights {y}: the job's mixed precision casts one "
+               "and not the other"),
+            _p(r"result type (?P<x>\w{1,20}) can't be cast to the desired output type "
+               r"(?P<y>\w{1,20})",
+               "an in-place op would turn {x} into {y} (the job's tensors' dtypes disagree)"),
+            _p(r"\"(?P<op>\w{1,60})\" not implemented for '(?P<dtype>\w{1,20})'",
+               "the op {op} has no kernel for {dtype} (a half-precision model left on the CPU, "
+               "or a dtype the op lacks)"),
             # Python's own words for a name the code uses that the object or module lacks
             _p(r"AttributeError: '(?P<obj>\w{1,80})' object has no attribute '(?P<attr>\w{1,80})'",
                "the job's code asked a {obj} for {attr}, which it has not"),

@@ -23,23 +23,47 @@ def _explain_json(path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, o
     return data
 
 
-def test_a_failed_import_points_at_its_line_and_the_jobs_frame(
-        capsys: pytest.CaptureFixture[str]) -> None:
-    log = HERE / "fresh8" / "codetr-205.log"
+#: OpenCV imported in an image without the system's libGL: a cause no reason covers.
+_LIBGL = """Traceback (most recent call last):
+  File "/workspace/tools/train.py", line 16, in <module>
+    import cv2
+  File "/usr/local/lib/python3.10/dist-packages/cv2/__init__.py", line 181, in <module>
+    bootstrap()
+  File "/usr/local/lib/python3.10/dist-packages/cv2/__init__.py", line 153, in bootstrap
+    native_module = importlib.import_module("cv2")
+  File "/usr/lib/python3.10/importlib/__init__.py", line 126, in import_module
+    return _bootstrap._gcd_import(name[level:], package, level)
+ImportError: libGL.so.1: cannot open shared object file: No such file or directory
+"""
+
+
+def test_an_exception_no_rule_knows_points_at_its_line_and_the_frame(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "job.log"
+    log.write_text(_LIBGL)
     first = _explain_json(log, capsys)["first_error"]
-    assert first == {"source": str(log), "line": 18,
-                     "text": "ModuleNotFoundError: No module named 'mmdet'",
-                     "exception": "ModuleNotFoundError",
-                     "frame": {"file": "tools/train.py", "line": 16, "function": "<module>",
-                               "installed": False},
+    text = "ImportError: libGL.so.1: cannot open shared object file: No such file or directory"
+    assert first == {"source": str(log), "line": 10, "text": text,
+                     "exception": "ImportError",
+                     "frame": {"file": "/usr/lib/python3.10/importlib/__init__.py", "line": 126,
+                               "function": "import_module", "installed": True},
                      "rank": None}
     assert main(["explain", str(log)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[1:] == [
         "nothing recognised: no known failure class in these logs",
         "start reading at the first exception (no rule knows it):",
-        f"  {log}:18: ModuleNotFoundError: No module named 'mmdet'",
-        "  raised in <module> at train.py:16 (the job's own code)"]
+        f"  {log}:10: {text}",
+        "  raised in import_module at __init__.py:126 (installed code)"]
+
+
+def test_an_exception_in_the_jobs_own_frame_says_so() -> None:
+    expl = classify_texts([("job.log", 'Traceback (most recent call last):\n'
+                            '  File "/workspace/tools/train.py", line 16, in <module>\n'
+                            '    import cv2\n' + _LIBGL.splitlines()[-1] + "\n")])
+    assert not expl.findings
+    assert expl.first_error is not None and expl.first_error.installed is False
+    assert "raised in <module> at train.py:16 (the job's own code)" in render_text(expl)
 
 
 def test_an_exception_raised_in_installed_code_is_named_so(

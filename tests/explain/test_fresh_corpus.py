@@ -26,7 +26,7 @@ threads was read, from threads used for no rule, each scored once on the rules o
 * ``fresh12/`` (fresh12/RULE.md): the same source, gathered while the tenth round was written;
   a development set since its score guided the eleventh.
 * ``fresh13/`` (fresh13/RULE.md): the same source, gathered while the eleventh round was
-  written; never tuned on: with the eighth, it measures the rules as committed.
+  written; a development set since its miss guided the twelfth.
 
 The figures are those of docs/explain.md. A floor is the score the corpus gave when it was first
 scored, so that a change that loses ground shows; the targets (95 % recognised, 90 % right cause
@@ -190,7 +190,7 @@ def test_no_healthy_log_is_flagged(corpus: Corpus) -> None:
 
 #: The corpora whose score guided no rule yet: the targets are measured on these only (on a
 #: development set meeting them says nothing).
-MEASURING = tuple(c for c in CORPORA if c.name in ("fresh8", "fresh13"))
+MEASURING = tuple(c for c in CORPORA if c.name in ("fresh8",))
 
 
 @pytest.mark.xfail(strict=True, reason="the fresh corpus misses the targets: docs/explain.md "

@@ -37,6 +37,8 @@ def reasons(expl: Explanation) -> list[str]:
     ("shm_then_watchdog.log", ["ShmExhausted", "NcclSystemError", "CollectiveTimeout"],
      {"ShmExhausted": [2], "CollectiveTimeout": [0, 1, 3]}),
     ("stall_watchdog.log", ["CollectiveTimeout"], {"CollectiveTimeout": [0, 1, 2]}),
+    # apex installed without its compiled extensions: the module amp_C is not there
+    ("import_error.log", ["MissingPackage"], {}),
 ])
 def test_sample_gives_expected_findings_cause_first(name: str, expected: list[str],
                                                     ranks: dict[str, list[int]]) -> None:
@@ -49,8 +51,7 @@ def test_sample_gives_expected_findings_cause_first(name: str, expected: list[st
         assert f.remedy and f.message and f.evidence
 
 
-@pytest.mark.parametrize("name", ["healthy_nccl_info.log", "healthy_training.log",
-                                  "import_error.log"])
+@pytest.mark.parametrize("name", ["healthy_nccl_info.log", "healthy_training.log"])
 def test_negative_samples_give_no_finding(name: str) -> None:
     assert explain(name).findings == ()
 

@@ -20,6 +20,7 @@ from preflight.explain.rules import BY_REASON
 from preflight.explain.rules_setup import SETUP_RULES
 
 FRESH = Path(__file__).parent / "fresh"
+FRESH8 = Path(__file__).parent / "fresh8"
 
 
 def reasons(text: str, name: str = "job.log") -> list[str]:
@@ -391,11 +392,43 @@ def _importing(line: str) -> str:
     return _JOB_TRACEBACK.replace("ValueError: unknown optimizer adamw8", line)
 
 
-def test_a_package_that_is_not_installed_is_not_called_the_jobs_bug() -> None:
-    assert reasons(_importing("ModuleNotFoundError: No module named 'apex'")) == []
+def test_a_package_that_is_not_installed_is_the_environments_not_the_jobs_bug() -> None:
+    """The Python that ran cannot find the package: the node's environment or the launch, not
+    the job's code; the message names the module and the fix names the Python to check."""
+    f = classify_texts([("job.log", _importing("ModuleNotFoundError: No module named 'apex'"))]
+                       ).findings
+    assert [d.reason for d in f] == ["MissingPackage"]
+    assert f[0].layer.value == "environment"
+    assert f[0].message == "the module apex is not installed in the Python that ran the job"
+    assert "which python" in f[0].remedy and "PYTHONPATH" in f[0].remedy
     # a module of the package's name shadows it: another install, or a file beside the script
-    assert reasons(_importing("ModuleNotFoundError: No module named 'torch.distributed.run'; "
-                              "'torch.distributed' is not a package")) == []
+    f = classify_texts([("job.log", _importing(
+        "ModuleNotFoundError: No module named 'torch.distributed.run'; 'torch.distributed' is "
+        "not a package"))]).findings
+    assert [d.reason for d in f] == ["MissingPackage"]
+    assert f[0].message.startswith("torch.distributed is a module, not the package "
+                                   "torch.distributed.run needs")
+
+
+@pytest.mark.parametrize("line", [
+    # torch's own warning when numpy is absent: the run goes on
+    "/opt/venv/lib/python3.11/site-packages/torch/_subclasses/functional_tensor.py:368: "
+    "UserWarning: Failed to initialize NumPy: No module named 'numpy' (Triggered internally)",
+    # torch.load given a TorchScript archive: no package is missing
+    "ModuleNotFoundError: No module named '__torch__'",
+    # a library's log line that mentions the words
+    "INFO: xformers not found (No module named 'xformers'), using the math kernel",
+])
+def test_words_about_a_missing_module_that_are_no_failed_import(line: str) -> None:
+    assert reasons(line + "\nepoch 1 loss 0.5\n") == []
+
+
+def test_a_real_log_of_a_package_not_installed_on_the_nodes() -> None:
+    """Co-DETR's dist_train.sh: both ranks fail at ``from mmdet import __version__``."""
+    f = classify_texts([("log", (FRESH8 / "codetr-205.log").read_text())]).findings
+    assert [d.reason for d in f] == ["MissingPackage"]
+    assert f[0].message.startswith("the module mmdet is not installed in the Python that ran "
+                                   "the job")
 
 
 @pytest.mark.parametrize("line", [
@@ -658,6 +691,40 @@ ROUND11_LINES = [
 ]
 
 
+ROUND12_LINES = [
+    # Python's words for a module it found nowhere: Python 3 (behind a launcher's prefix, and
+    # indented as a paste of a nested traceback), Python 2, and a module that shadows a package
+    ("[rank3]: ModuleNotFoundError: No module named 'deepspeed'", "MissingPackage"),
+    ("    ModuleNotFoundError: No module named 'torch'", "MissingPackage"),
+    ("ImportError: No module named apex", "MissingPackage"),
+    ("ModuleNotFoundError: No module named 'torch.distributed.elastic'; 'torch.distributed' is "
+     "not a package", "MissingPackage"),
+    # torch's words for tensors whose dtypes do not fit one op: the job's mixed precision
+    ("RuntimeError: Found dtype Half but expected Float", "ScriptException"),
+    ("RuntimeError: expected scalar type Float but found BFloat16", "ScriptException"),
+    ("RuntimeError: expected mat1 and mat2 to have the same dtype, but got: c10::Half != float",
+     "ScriptException"),
+    ("RuntimeError: Input type (torch.cuda.HalfTensor) and weight type (torch.cuda.FloatTensor) "
+     "should be the same", "ScriptException"),
+    ("RuntimeError: result type Float can't be cast to the desired output type Long",
+     "ScriptException"),
+    ("RuntimeError: \"addmm_impl_cpu_\" not implemented for 'Half'", "ScriptException"),
+    # the same words when the input and the weights are on different devices
+    ("RuntimeError: Input type (torch.cuda.FloatTensor) and weight type (torch.FloatTensor) "
+     "should be the same", "DeviceMismatch"),
+    ("RuntimeError: Input type (torch.FloatTensor) and weight type (torch.cuda.FloatTensor) "
+     "should be the same or input should be a MKLDNN tensor and weight is a dense tensor",
+     "DeviceMismatch"),
+]
+
+
+def test_a_dtype_error_names_both_dtypes_and_the_fix() -> None:
+    reason, message = first("RuntimeError: Found dtype Half but expected Float")
+    assert reason == "ScriptException"
+    assert message.startswith("an op got a Half tensor where Float was expected")
+    assert "autocast" in message
+
+
 def test_the_shells_words_for_a_crash_name_the_signal() -> None:
     _, message = first(ROUND11_LINES[0][0])
     assert message.startswith("process 98765 ended with SIGSEGV (the shell says Segmentation "
@@ -759,7 +826,7 @@ def test_real_logs_of_the_fresh_corpora(path: Path, expected: str) -> None:
 #: Every line above, with the reason it must give first.
 ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_LINES
              + ROUND6_LINES + ROUND7_LINES + ROUND8_LINES + ROUND9_LINES
-             + ROUND10_LINES + ROUND11_LINES)
+             + ROUND10_LINES + ROUND11_LINES + ROUND12_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

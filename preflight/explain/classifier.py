@@ -20,6 +20,7 @@ from preflight.explain.facts import HOOKS, MAX_RANKS, Acc, LogFacts, tier_of
 from preflight.explain.matching import (
     FRAMES,
     collective_frame,
+    exception,
     exception_line,
     file_name,
     frame_call,
@@ -354,11 +355,14 @@ class Classifier:
         at, file, no, _ = self._last_frame
         if not 0 < line_no - at <= EXCEPTION_SPAN:
             return
-        exc = job_exception(text, file)
+        parsed = exception(text)
+        if parsed is None:
+            return
+        exc = job_exception(parsed, file)
         library: str | None = None
         if exc is None and self._job_frame is not None:
             # raised in installed code, called from the job's file: what the job passed
-            exc = passed_exception(text)
+            exc = passed_exception(parsed)
             library = file_name(file)
             _, file, no, _ = self._job_frame
         if exc is None:

@@ -229,15 +229,15 @@ _API_IMPORT = re.compile(r"No module named '\w{1,80}\.[\w.]{1,160}'\s{0,4}$"
 _IMPORTS = frozenset({"ModuleNotFoundError", "ImportError"})
 
 
-def job_exception(text: str, frame_file: str) -> tuple[str, str] | None:
-    """``(class, message)`` when ``text`` is a traceback's exception line of a Python
-    exception and the frame above it is in the job's own file, else None."""
+def job_exception(exc: tuple[str, str], frame_file: str) -> tuple[str, str] | None:
+    """``exc`` (a traceback's exception line, parsed by :func:`exception`) when it is a
+    Python exception and the frame above it is in the job's own file, else None."""
     if installed_code(frame_file):
         return None
-    exc = _exception_of(text, JOB_EXCEPTIONS)
-    if exc is None and (imp := _exception_of(text, _IMPORTS)) is not None:
-        exc = imp if _API_IMPORT.match(imp[1]) else None
-    return exc
+    cls = _taken_as(exc[0])
+    if cls in JOB_EXCEPTIONS or (cls in _IMPORTS and _API_IMPORT.match(exc[1])):
+        return exc
+    return None
 
 
 #: Exceptions a library raises when the job hands it something it cannot take (a key its
@@ -249,22 +249,17 @@ PASSED_EXCEPTIONS = frozenset({"KeyError", "ValueError", "TypeError", "Assertion
                                "IndexError"})
 
 
-def passed_exception(text: str) -> tuple[str, str] | None:
-    """``(class, message)`` when ``text`` is a traceback's exception line of one of
-    ``PASSED_EXCEPTIONS``, else None."""
-    return _exception_of(text, PASSED_EXCEPTIONS)
+def passed_exception(exc: tuple[str, str]) -> tuple[str, str] | None:
+    """``exc`` when its class is one of ``PASSED_EXCEPTIONS`` (or is taken as one), else None."""
+    return exc if _taken_as(exc[0]) in PASSED_EXCEPTIONS else None
 
 
-def _exception_of(text: str, classes: frozenset[str]) -> tuple[str, str] | None:
-    """``_exception(text)`` when its class is one of ``classes`` or is taken as one
-    (``EXCEPTION_BASES``), else None."""
-    exc = _exception(text)
-    if exc is None or (exc[0] not in classes and EXCEPTION_BASES.get(exc[0]) not in classes):
-        return None
-    return exc
+def _taken_as(cls: str) -> str:
+    """The class an exception counts as: its base in ``EXCEPTION_BASES``, else itself."""
+    return EXCEPTION_BASES.get(cls, cls)
 
 
-def _exception(text: str) -> tuple[str, str] | None:
+def exception(text: str) -> tuple[str, str] | None:
     """``(class without its module, message)`` of a traceback's exception line, else None."""
     m = _EXCEPTION_LINE.search(text, 0, MAX_MATCH_CHARS)
     if m is None:
@@ -290,7 +285,7 @@ _C10_WARNING = re.compile(r"^(?:\[rank\d{1,7}\]:)?\[W[\d ]")
 def exception_line(text: str) -> str | None:
     """The class of a traceback's exception line (any exception a launcher does not raise
     for another process's failure), else None."""
-    exc = _exception(text)
+    exc = exception(text)
     return None if exc is None or exc[0] in WRAPPER_EXCEPTIONS else exc[0]
 
 

@@ -416,8 +416,9 @@ SETUP_RULES: tuple[Rule, ...] = (
         "the job's own Python code raised it: read the traceback's last frame of the job's own "
         "file (the file and line named) and fix the script or its input (a path or dataset "
         "that is not there, a module, attribute or API the installed version lacks: pin the "
-        "versions the code was written for; tensor shapes that do not fit: the model, its "
-        "config, its checkpoint and its data must agree); it is the job's fault, not the node's",
+        "versions the code was written for; tensor shapes or dtypes that do not fit: the model, "
+        "its config, its checkpoint, its data and its precision settings (autocast, .half(), "
+        "bf16) must agree); it is the job's fault, not the node's",
         (
             _p(r"(?:^|[\]:]\s{0,2})(?P<cls>NameError|SyntaxError|IndentationError|"
                r"UnboundLocalError): (?P<msg>[^\n]{1,200})",

@@ -26,6 +26,7 @@ from preflight.explain.rules import (
     SIGNAL_NAMES,
     SIGNAL_WORDS,
     SYMPTOM,
+    WRAPPER,
     Hook,
     Layer,
     Pattern,
@@ -174,7 +175,9 @@ class SignalHook(RuleHook):
     SIGABRT once its watchdog saw a timeout or an NCCL error: a finding whose every kill is such
     a SIGABRT of ranks another finding names goes last. So does an interrupt (SIGINT): a user
     who presses Ctrl-C on a job that hung or failed is reacting to what the other findings
-    name."""
+    name. An abort beside a collective timeout or an NCCL error goes last whichever rank it
+    was: the watchdog of every rank in a hung collective aborts, whether or not its own timeout
+    line reached the log."""
 
     #: Signals a process sends itself after a failure another finding names.
     OWN_ABORT = frozenset({"SIGABRT"})
@@ -212,10 +215,16 @@ class SignalHook(RuleHook):
     def goes_last(self, acc: Acc, others: list[Acc]) -> bool:
         if acc.signals and set(acc.signals) <= self.INTERRUPT:
             return bool(others)
-        if not acc.signals or not set(acc.signals) <= self.OWN_ABORT or not acc.ranks:
+        if not acc.signals or not set(acc.signals) <= self.OWN_ABORT:
             return False
+        # a collective timeout, or an error that makes ProcessGroupNCCL abort, beside it: every
+        # rank's watchdog (and torch's heartbeat monitor) aborts on a timeout, and torchrun
+        # stops the other ranks as soon as one fails, so a timeout printed by another rank
+        # means the hang came before this abort
+        if any(o.rule.hook is Hook.WATCHDOG or o.rule.tier <= WRAPPER for o in others):
+            return True
         named = {r for other in others for r in other.ranks}
-        return set(acc.ranks) <= named
+        return bool(acc.ranks) and set(acc.ranks) <= named
 
 
 class WatchdogHook(RuleHook):

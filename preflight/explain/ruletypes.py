@@ -75,7 +75,8 @@ class Hook(str, enum.Enum):
 
     ``signal``: the signal of a killed process is named (number, name or a launcher's word for
     it); a launcher's own stop of the other ranks is no kill; a failure summary lends its rank;
-    a kill that is the watchdog's own abort of a rank another finding names goes last.
+    a kill that is the watchdog's own abort (of a rank another finding names, or of any rank
+    beside a collective timeout or an NCCL error) goes last.
     ``watchdog``: per-rank SeqNum/OpType, the ranks that timed out and those that did not.
     ``socket_ifname``: the ``*_SOCKET_IFNAME`` the log shows set.
     ``nccl_detail``: what NCCL itself said (its WARN lines, the ``Last error:`` detail).

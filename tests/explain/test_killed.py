@@ -70,10 +70,23 @@ def test_the_watchdogs_own_abort_goes_after_the_timeout() -> None:
     assert got == ["CollectiveTimeout", "RankKilled"]
 
 
-def test_an_abort_of_a_rank_that_printed_nothing_else_is_the_first_finding() -> None:
+def test_an_abort_beside_another_ranks_timeout_goes_after_it() -> None:
+    """Rank 3's watchdog timed out; rank 0 aborted with no line of its own in the log. Every
+    rank's watchdog aborts in a hung collective (and torch's heartbeat monitor aborts the
+    others), and torchrun stops the rest as soon as one rank fails: a timeout printed by
+    another rank means the hang came first. The timeout, which names the ranks it waited for,
+    is the first finding."""
     text = WATCHDOG.replace("[rank0]:", "[rank3]:").replace("[Rank 0]", "[Rank 3]")
     assert reasons(text + TERM + SUMMARY.format(sig=6, name="SIGABRT")) == [
-        "RankKilled", "CollectiveTimeout"]
+        "CollectiveTimeout", "RankKilled"]
+
+
+def test_an_abort_beside_a_lost_connection_is_still_the_first_finding() -> None:
+    """The peers lost their connection to a rank that aborted: the abort is what happened
+    first, the lost connections its consequence."""
+    lost = "[rank1]: RuntimeError: Connection reset by peer\n"
+    assert reasons(lost + TERM + SUMMARY.format(sig=6, name="SIGABRT")) == [
+        "RankKilled", "PeerConnectionLost"]
 
 
 def test_mp_spawn_and_old_torch_phrasings() -> None:

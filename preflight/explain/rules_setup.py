@@ -329,6 +329,9 @@ SETUP_RULES: tuple[Rule, ...] = (
                "the {backend} backend does not support {op}"),
             _p(r"Backend (?P<backend>\w{1,20}) does not support (?P<op>\w{1,40})",
                "the {backend} backend does not support {op}"),
+            # ProcessGroupGloo's words for a collective it lacks (torch 1.x-2.x)
+            _p(r"no support for (?P<op>\w{1,40}) in (?P<backend>Gloo|NCCL|MPI|UCC) process group",
+               "the {backend} backend does not support {op}"),
             # SageMaker's data-parallel backend names itself: "SMDDP does not support: ReduceOp"
             _p(r"\b(?P<backend>SMDDP|smddp|NCCL|Gloo|MPI|UCC) does not support: (?P<op>\w{1,40})",
                "the {backend} backend does not support {op}"),
@@ -370,6 +373,12 @@ SETUP_RULES: tuple[Rule, ...] = (
                r"package",
                "{pkg} is a module, not the package {mod} needs: a file of that name (beside the "
                "script, or on PYTHONPATH) or another install shadows the package"),
+            # transformers' own words for an optional package it needs and did not find
+            _p(r"the package (?P<mod>[\w.-]{1,80}) seems to be not installed",
+               "the package {mod} is not installed in the Python that ran the job"),
+            _p(r"requires the (?P<mod>[\w.-]{1,80}) library but it was not found in your "
+               r"environment",
+               "the package {mod} is not installed in the Python that ran the job"),
         ),
         "ModuleNotFoundError: No module named 'deepspeed'",
         progress=False,
@@ -468,9 +477,9 @@ SETUP_RULES: tuple[Rule, ...] = (
                r"got:? (?P<x>[\w:]{1,30}) != (?P<y>[\w:]{1,30})",
                "a matrix product got tensors of two dtypes ({x} and {y}): the job's mixed "
                "precision casts one and not the other"),
-            _p(r"Input type \((?P<x>[\w.]{1,60})\) and weight type \((?P<y>[\w.]{1,60})\) "
-               r"should be the same",
-               "a layer's input is {x} and its weights {y}: the job's mixed precision casts one "
+            _p(r"Input type \((?P<x>[\w.:]{1,60})\) and (?P<what>weight|bias) type "
+               r"\((?P<y>[\w.:]{1,60})\) should be the same",
+               "a layer's input is {x} and its {what} {y}: the job's mixed precision casts one "
                "and not the other"),
             _p(r"result type (?P<x>\w{1,20}) can't be cast to the desired output type "
                r"(?P<y>\w{1,20})",
@@ -478,6 +487,28 @@ SETUP_RULES: tuple[Rule, ...] = (
             _p(r"\"(?P<op>\w{1,60})\" not implemented for '(?P<dtype>\w{1,20})'",
                "the op {op} has no kernel for {dtype} (a half-precision model left on the CPU, "
                "or a dtype the op lacks)"),
+            # autograd's words for a loss with no graph behind it: every parameter frozen, the
+            # forward under no_grad, or reentrant checkpointing whose inputs need no grad
+            _p(r"element 0 of tensors does not require grad and does not have a grad_fn",
+               "backward() was called on a tensor with no graph behind it (every parameter "
+               "frozen, the forward run under no_grad, or reentrant gradient checkpointing "
+               "whose inputs need no grad: `model.enable_input_require_grads()` or "
+               "`use_reentrant=False`)"),
+            # Hugging Face's words for a model or dataset path that is not there: read as a
+            # Hub repo id, which it is not
+            _p(r"HFValidationError: Repo id must",
+               "a model or dataset path that does not exist here was read as a Hugging Face Hub "
+               "repo id (a wrong path in the job's config, or a directory missing on this "
+               "node)"),
+            _p(r"(?P<name>[^\s']{1,200}) is not a local folder and is not a valid model "
+               r"identifier",
+               "{name} is neither a directory here nor a model on the Hub (a wrong path in the "
+               "job's config, or a directory missing on this node)"),
+            # diffusers' examples check the installed version at start-up
+            _p(r"This example requires a (?:source install from HuggingFace diffusers|minimum "
+               r"version of (?P<want>[\w.]{1,40}))",
+               "the example needs a newer diffusers than the one installed (install it from "
+               "source, as the example's README says)"),
             # Python's own words for a name the code uses that the object or module lacks
             _p(r"AttributeError: '(?P<obj>\w{1,80})' object has no attribute '(?P<attr>\w{1,80})'",
                "the job's code asked a {obj} for {attr}, which it has not"),

@@ -718,6 +718,40 @@ ROUND12_LINES = [
 ]
 
 
+ROUND13_LINES = [
+    # gloo's words for a collective it lacks
+    ("RuntimeError: no support for _allgather_base in Gloo process group", "BackendUnsupported"),
+    # transformers' words for an optional package it did not find
+    ("ImportError: FlashAttention2 has been toggled on, but it cannot be used due to the "
+     "following error: the package flash_attn seems to be not installed. Please refer to the "
+     "documentation of https://huggingface.co/docs/transformers/perf_infer_gpu_one#flashattention"
+     "-2 to install Flash Attention 2.", "MissingPackage"),
+    ("ImportError: LlamaTokenizer requires the protobuf library but it was not found in your "
+     "environment. Checkout the instructions on the installation page of its repo",
+     "MissingPackage"),
+    # torch's newer words for a layer's input and bias of two dtypes
+    ("[rank1]: RuntimeError: Input type (float) and bias type (c10::Half) should be the same",
+     "ScriptException"),
+    # autograd's words for a loss with no graph, Python's for a call that does not fit
+    ("RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn",
+     "ScriptException"),
+    # Hugging Face's words for a path that is not there, diffusers' version check
+    ("huggingface_hub.utils._validators.HFValidationError: Repo id must use alphanumeric chars "
+     "or '-', '_', '.', '--' and '..' are forbidden, '-' and '.' cannot start or end the name, "
+     "max length is 96: '/data/models/llama-7b'.", "ScriptException"),
+    ("OSError: /data/models/llama-7b is not a local folder and is not a valid model identifier "
+     "listed on 'https://huggingface.co/models'", "ScriptException"),
+    ("ImportError: This example requires a minimum version of 0.15.0.dev0, but the version "
+     "found is 0.14.0.", "ScriptException"),
+]
+
+
+def test_a_loss_with_no_graph_says_what_to_change() -> None:
+    reason, message = first(ROUND13_LINES[4][0])
+    assert reason == "ScriptException"
+    assert "use_reentrant=False" in message and "no_grad" in message
+
+
 def test_a_dtype_error_names_both_dtypes_and_the_fix() -> None:
     reason, message = first("RuntimeError: Found dtype Half but expected Float")
     assert reason == "ScriptException"
@@ -826,7 +860,7 @@ def test_real_logs_of_the_fresh_corpora(path: Path, expected: str) -> None:
 #: Every line above, with the reason it must give first.
 ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_LINES
              + ROUND6_LINES + ROUND7_LINES + ROUND8_LINES + ROUND9_LINES
-             + ROUND10_LINES + ROUND11_LINES + ROUND12_LINES)
+             + ROUND10_LINES + ROUND11_LINES + ROUND12_LINES + ROUND13_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

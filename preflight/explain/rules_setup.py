@@ -276,6 +276,14 @@ SETUP_RULES: tuple[Rule, ...] = (
         (
             _p(r"peer access is not supported between these two devices",
                "CUDA peer access is not supported between two of the GPUs"),
+            # NCCL's check of the rings it built (graph/rings.cc): the ranks did not agree on
+            # the paths between the GPUs, most often P2P that some see and others do not (two
+            # NVLink islands with no P2P route between them, ACS, a VM)
+            _p(r"ring (?P<ring>\d{1,3}) does not (?:contain rank (?P<missing>\d{1,6})|loop back "
+               r"to start)",
+               "NCCL's rings do not agree across the ranks (ring {ring} is broken): the GPUs' "
+               "P2P paths differ between ranks (no P2P route between two NVLink islands, ACS "
+               "or an IOMMU); NCCL_P2P_DISABLE=1 or NCCL_P2P_LEVEL works around it"),
             # accelerate refuses to start on GPUs whose P2P / IB it knows not to work
             _p(r"Using RTX (?P<gpu>[\w ]{1,40}?) series doesn.t support faster communication",
                "accelerate refuses P2P and InfiniBand on RTX {gpu} series GPUs: set "
@@ -494,6 +502,24 @@ SETUP_RULES: tuple[Rule, ...] = (
                "frozen, the forward run under no_grad, or reentrant gradient checkpointing "
                "whose inputs need no grad: `model.enable_input_require_grads()` or "
                "`use_reentrant=False`)"),
+            # torch's words for a tensor that holds NaN or inf where an op cannot take it: the
+            # job's training diverged (or its data holds them)
+            _p(r"normal expects all elements of std >= 0\.0|probability tensor contains either "
+               r"`inf`, `nan` or element < 0|Function '(?P<fn>\w{1,80})' returned nan values",
+               "the job's tensors hold NaN or inf (training diverged: a learning rate too high, "
+               "fp16 overflow, or bad data; `torch.autograd.set_detect_anomaly(True)` finds "
+               "the op)"),
+            # transformers' words for a checkpoint of a model type it does not know
+            _p(r"has model type `(?P<type>[\w.-]{1,80})` but Transformers does not recognize "
+               r"this architecture",
+               "the installed transformers does not know the model type {type} (too old for "
+               "the checkpoint, or a custom model that needs trust_remote_code=True)"),
+            # the job's own script's argument parser (argparse: "train.py: error: ...") refused
+            # the command line every rank was given; not torch.distributed.launch's or
+            # torchrun's own parser (launch.py, run.py with its training_script)
+            _p(r"(?:^|[\]:|]\s{0,2})(?!launch\.py:)(?P<prog>[\w.-]{1,120}\.py): error: "
+               r"(?![^\n]{0,200}training_script)(?P<msg>[^\n]{1,200})",
+               "the job's script {prog} refused its command line: {msg}"),
             # Hugging Face's words for a model or dataset path that is not there: read as a
             # Hub repo id, which it is not
             _p(r"HFValidationError: Repo id must",

@@ -746,6 +746,48 @@ ROUND13_LINES = [
 ]
 
 
+ROUND14_LINES = [
+    # NCCL's check of the rings it built, as a WARN line and as an error's detail
+    ("hetml-a100:69967:69967 [3] graph/rings.cc:51 NCCL WARN Error : ring 1 does not contain "
+     "rank 0", "P2PUnsupported"),
+    ("node1:123:123 [1] graph/rings.cc:38 NCCL WARN Error : ring 1 does not loop back to start "
+     "(3 != 1)", "P2PUnsupported"),
+    # torch's words for tensors that hold NaN or inf
+    ("RuntimeError: normal expects all elements of std >= 0.0", "ScriptException"),
+    ("RuntimeError: probability tensor contains either `inf`, `nan` or element < 0",
+     "ScriptException"),
+    ("RuntimeError: Function 'MulBackward0' returned nan values in its 0th output.",
+     "ScriptException"),
+    # transformers on a checkpoint of a model type it does not know
+    ("[rank0]: ValueError: The checkpoint you are trying to load has model type `ursa` but "
+     "Transformers does not recognize this architecture. This could be because of an issue with "
+     "the checkpoint, or because your version of Transformers is out of date.",
+     "ScriptException"),
+    # the job's own script's argparse, behind torchrun's rank prefix too
+    ("finetune_stylegan.py: error: the following arguments are required: path",
+     "ScriptException"),
+    ("[default3]:run_etu_h200.py: error: unrecognized arguments: true", "ScriptException"),
+]
+
+
+@pytest.mark.parametrize("line", [
+    # torch.distributed.launch's and torchrun's own parsers are the launcher's, not the job's
+    "launch.py: error: unrecognized arguments: --use_env",
+    "run.py: error: the following arguments are required: training_script, training_script_args",
+    # a program's error that is no argparse refusal of a script
+    "accelerate <command> [<args>] launch: error: argument --num_processes: invalid int value",
+])
+def test_a_launchers_own_parser_is_not_the_jobs_script(line: str) -> None:
+    assert reasons(line + "\n") == []
+
+
+def test_the_jobs_argparse_refusal_names_the_script_and_its_words() -> None:
+    reason, message = first(ROUND14_LINES[-2][0])
+    assert reason == "ScriptException"
+    assert message == ("the job's script finetune_stylegan.py refused its command line: the "
+                       "following arguments are required: path")
+
+
 def test_a_loss_with_no_graph_says_what_to_change() -> None:
     reason, message = first(ROUND13_LINES[4][0])
     assert reason == "ScriptException"
@@ -860,7 +902,8 @@ def test_real_logs_of_the_fresh_corpora(path: Path, expected: str) -> None:
 #: Every line above, with the reason it must give first.
 ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_LINES
              + ROUND6_LINES + ROUND7_LINES + ROUND8_LINES + ROUND9_LINES
-             + ROUND10_LINES + ROUND11_LINES + ROUND12_LINES + ROUND13_LINES)
+             + ROUND10_LINES + ROUND11_LINES + ROUND12_LINES + ROUND13_LINES
+             + ROUND14_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

@@ -310,6 +310,8 @@ class Classifier:
         who = line_rank(evidence or text)
         rank = who.rank if who.rank is not None else (
             None if who.nccl else self._source_rank)
+        if pat.names_rank and "rank" in groups:
+            rank = int(groups["rank"])
         if rank is None:
             rank = fallback
         self._commit_frame(rank)

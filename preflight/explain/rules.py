@@ -228,6 +228,11 @@ _FIRST: tuple[Rule, ...] = (
             _p(r"NVRM: Xid \((?P<pci>[^)\n]{1,40})\): (?P<xid>\d{1,4})",
                "the NVIDIA driver reported Xid {xid} on GPU {pci}"),
             _p(r"uncorrectable ECC error", "a GPU reported an uncorrectable ECC error"),
+            # ROCm's runtime (HSA) on an AMD GPU that stopped: "HW Exception by GPU node-9
+            # (Agent handle: 0x...) reason :GPU Hang"
+            _p(r"HW Exception by GPU node-(?P<node>\d{1,5})[^\n]{0,80}?reason ?: ?"
+               r"(?P<why>[A-Za-z][\w ]{1,60})",
+               "the AMD GPU (ROCm node {node}) raised a hardware exception: {why}"),
             _p(r"fallen off the bus|GPU is lost", "a GPU fell off the bus (lost)"),
             _p(r"Unable to determine the device handle for GPU ?(?P<pci>[0-9A-Fa-f:.]{4,20}): "
                r"(?P<why>[A-Za-z][A-Za-z ]{2,40})",
@@ -265,6 +270,9 @@ _FIRST: tuple[Rule, ...] = (
             _p(r"an illegal memory access was encountered",
                "a CUDA kernel made an illegal memory access"),
             _p(r"misaligned address", "a CUDA kernel made a misaligned memory access"),
+            # ROCm's runtime's words for the same on an AMD GPU
+            _p(r"Memory access fault by GPU node-(?P<node>\d{1,5})",
+               "a kernel on the AMD GPU (ROCm node {node}) made an illegal memory access"),
             _p(r"an illegal instruction was encountered",
                "a CUDA kernel executed an illegal instruction"),
             _p(r"unspecified launch failure",
@@ -662,8 +670,7 @@ _LATER: tuple[Rule, ...] = (
             _p(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d{1,20}),"
                r" OpType=(?P<op>\w{1,40})[^\n]{0,400}?Timeout\(ms\)=(?P<ms>\d{1,12})\)",
                "the NCCL watchdog aborted {op} SeqNum={seq} after its {ms} ms timeout"),
-            # torch 2.5+'s heartbeat monitor on the rank that timed out (the others print "from
-            # rank N": they did not time out themselves, so that line names no rank that did)
+            # torch 2.5+'s heartbeat monitor on the rank that timed out
             _p(r"Received a dump signal due to a collective timeout from this local rank and we "
                r"will try our best to dump the debug info\. Last enqueued NCCL work: "
                r"(?P<enq>\d{1,20}), last completed NCCL work: (?P<done>\d{1,20})",
@@ -671,6 +678,12 @@ _LATER: tuple[Rule, ...] = (
                "last completed {done}"),
             _p(r"Received a dump signal due to a collective timeout from this local rank",
                "a collective timed out on this rank; ProcessGroupNCCL dumps its debug info"),
+            # the same monitor on every other rank, naming the rank that timed out (the
+            # printer did not: the finding's rank is the one named)
+            _p(r"Received a dump signal due to a collective timeout from\s{1,3}rank "
+               r"(?P<rank>\d{1,7})",
+               "a collective timed out on one rank; the others received its dump signal",
+               names_rank=True),
             _p(r"Heartbeat monitor timed out",
                "ProcessGroupNCCL's heartbeat monitor timed out (the watchdog hung in an NCCL "
                "call)"),
@@ -739,6 +752,9 @@ ANCHORS: tuple[bytes, ...] = (
     b" signal",
     # the shell's words for a crashed process: "Segmentation fault", "Aborted (core dumped)"
     b"egmentation fault", b"core dumped)",
+    # ROCm's runtime on an AMD GPU: "HW Exception by GPU node-N", "Memory access fault by GPU
+    # node-N" (no "rror" in either)
+    b"by GPU node-",
 )
 
 BY_REASON: dict[str, Rule] = {r.reason: r for r in RULES}

@@ -43,6 +43,9 @@ class Pattern:
             ends runs through a collective of torch.distributed (a bare ``Socket Timeout`` is
             a rendezvous that timed out, raised from ``all_reduce`` it is a collective that did;
             the message may name the collective as ``{op}``).
+        names_rank: the finding's rank is the one the line names (its group ``rank``), not
+            the rank that printed it (torch's heartbeat monitor on every other rank: "a
+            collective timeout from rank 7": rank 7 timed out, the printer did not).
     """
 
     regex: re.Pattern[str]
@@ -52,6 +55,7 @@ class Pattern:
     last: bool = False
     only_with: str = ""
     in_collective: tuple[str, str] | None = None
+    names_rank: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,9 +124,10 @@ class Rule:
 
 def pattern(regex: str, message: str, *, layer: Layer | None = None, follow: int = 0,
             last: bool = False, only_with: str = "",
-            in_collective: tuple[str, str] | None = None) -> Pattern:
+            in_collective: tuple[str, str] | None = None, names_rank: bool = False) -> Pattern:
     """A :class:`Pattern` from its regex's text."""
-    return Pattern(re.compile(regex), message, layer, follow, last, only_with, in_collective)
+    return Pattern(re.compile(regex), message, layer, follow, last, only_with, in_collective,
+                   names_rank)
 
 
 def frame(function: str, source: str, message: str) -> Frame:

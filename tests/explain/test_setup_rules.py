@@ -581,10 +581,12 @@ def test_the_dump_signal_names_the_work_that_did_not_complete() -> None:
 
 
 def test_a_dump_signal_from_another_rank_does_not_call_this_rank_timed_out() -> None:
-    # rank 5 got the signal from rank 7: rank 5 did not time out itself
-    assert reasons("[rank5]:[E703 17:54:18.884528282 ProcessGroupNCCL.cpp:1987] [PG ID 0 PG GUID "
-                   "0(default_pg) Rank 5] Received a dump signal due to a collective timeout "
-                   "from  rank 7 and we will try our best to dump the debug info.") == []
+    # rank 5 got the signal from rank 7: rank 7 timed out, rank 5 did not time out itself
+    (f,) = classify_texts([("log", "[rank5]:[E703 17:54:18.884528282 ProcessGroupNCCL.cpp:1987] "
+                                   "[PG ID 0 PG GUID 0(default_pg) Rank 5] Received a dump signal "
+                                   "due to a collective timeout from  rank 7 and we will try our "
+                                   "best to dump the debug info.")]).findings
+    assert f.reason == "CollectiveTimeout" and f.ranks == (7,)
 
 
 def test_a_missing_file_the_shell_did_not_find_is_no_missing_launcher() -> None:
@@ -770,6 +772,34 @@ ROUND14_LINES = [
 ]
 
 
+ROUND15_LINES = [
+    # ROCm's runtime on an AMD GPU that stopped, and on a kernel's bad access
+    ("HW Exception by GPU node-9 (Agent handle: 0x64ff272d8ab0) reason :GPU Hang",
+     "GpuHardwareError"),
+    ("Memory access fault by GPU node-2 (Agent handle: 0x55d1c9a2e3f0) on address "
+     "0x7f2b3c000000. Reason: Page not present or supervisor privilege.", "IllegalMemoryAccess"),
+    # torch's heartbeat monitor on a rank that received another rank's timeout
+    ("[rank4]:[E703 15:37:17.178360488 ProcessGroupNCCL.cpp:1987] [PG ID 0 PG GUID "
+     "0(default_pg) Rank 4] Received a dump signal due to a collective timeout from  rank 7 and "
+     "we will try our best to dump the debug info. Last enqueued NCCL work: 56118, last "
+     "completed NCCL work: 56117.", "CollectiveTimeout"),
+]
+
+
+def test_the_heartbeat_monitors_dump_signal_names_the_rank_that_timed_out() -> None:
+    """Every other rank prints "from rank 7": rank 7 timed out, the printers did not, and
+    they are where the collective waited."""
+    line = ROUND15_LINES[2][0]
+    text = "\n".join(line.replace("[rank4]", f"[rank{r}]").replace("Rank 4]", f"Rank {r}]")
+                     for r in (1, 3, 4)) + "\n[rank0]: step 5\n"
+    (f,) = classify_texts([("job.log", text)]).findings
+    assert f.reason == "CollectiveTimeout"
+    assert f.ranks == (7,)
+    assert f.message.startswith("a collective timed out on one rank; the others received its "
+                                "dump signal (rank 7)")
+    assert "ranks 0-1,3-4 did not time out" in f.message
+
+
 @pytest.mark.parametrize("line", [
     # torch.distributed.launch's and torchrun's own parsers are the launcher's, not the job's
     "launch.py: error: unrecognized arguments: --use_env",
@@ -903,7 +933,7 @@ def test_real_logs_of_the_fresh_corpora(path: Path, expected: str) -> None:
 ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_LINES
              + ROUND6_LINES + ROUND7_LINES + ROUND8_LINES + ROUND9_LINES
              + ROUND10_LINES + ROUND11_LINES + ROUND12_LINES + ROUND13_LINES
-             + ROUND14_LINES)
+             + ROUND14_LINES + ROUND15_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

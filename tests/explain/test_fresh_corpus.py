@@ -34,6 +34,9 @@ threads was read, from threads used for no rule, each scored once on the rules o
   thirteenth round was written; a development set since its misses guided the fourteenth.
 * ``fresh16/`` (fresh16/RULE.md): the same source and kind of strings, gathered while the
   fourteenth round was written; a development set since its misses guided the fifteenth.
+* ``fresh17/`` (fresh17/RULE.md): the same source and kind of strings, gathered while the
+  fifteenth round was written; never tuned on: with the eighth, it measures the rules as
+  committed.
 
 The figures are those of docs/explain.md. A floor is the score the corpus gave when it was first
 scored, so that a change that loses ground shows; the targets (95 % recognised, 90 % right cause
@@ -83,6 +86,7 @@ CORPORA = (
     Corpus("fresh14", 34, (20 / 31, 18 / 31), 1, "fourteenth fresh corpus"),
     Corpus("fresh15", 34, (10 / 16, 10 / 16), 0, "fifteenth fresh corpus"),
     Corpus("fresh16", 32, (5 / 10, 5 / 10), 1, "sixteenth fresh corpus"),
+    Corpus("fresh17", 32, (5 / 7, 5 / 7), 3, "seventeenth fresh corpus"),
 )
 #: Where a log came from: a GitHub issue thread, or (from the tenth corpus on) a file of a
 #: public repository, by its path or by the id the stored index gives a file it does not name.
@@ -163,7 +167,8 @@ def test_no_thread_was_used_for_a_rule_or_an_earlier_corpus(corpus: Corpus) -> N
     for c in CASES[corpus.name]:
         assert ADDRESS.fullmatch(c.url)
         assert c.url.startswith("https://github.com/") or corpus.name in (
-            "fresh10", "fresh11", "fresh12", "fresh13", "fresh14", "fresh15", "fresh16")
+            "fresh10", "fresh11", "fresh12", "fresh13", "fresh14", "fresh15", "fresh16",
+            "fresh17")
         assert 1 <= c.query <= corpus.queries
 
 
@@ -200,7 +205,7 @@ def test_no_healthy_log_is_flagged(corpus: Corpus) -> None:
 
 #: The corpora whose score guided no rule yet: the targets are measured on these only (on a
 #: development set meeting them says nothing).
-MEASURING = tuple(c for c in CORPORA if c.name in ("fresh8",))
+MEASURING = tuple(c for c in CORPORA if c.name in ("fresh8", "fresh17"))
 
 
 @pytest.mark.xfail(strict=True, reason="the fresh corpus misses the targets: docs/explain.md "

@@ -279,7 +279,7 @@ SETUP_RULES: tuple[Rule, ...] = (
             # NCCL's check of the rings it built (graph/rings.cc): the ranks did not agree on
             # the paths between the GPUs, most often P2P that some see and others do not (two
             # NVLink islands with no P2P route between them, ACS, a VM)
-            _p(r"ring (?P<ring>\d{1,3}) does not (?:contain rank (?P<missing>\d{1,6})|loop back "
+            _p(r"ring (?P<ring>\d{1,3}) does not (?:contain rank \d{1,6}|loop back "
                r"to start)",
                "NCCL's rings do not agree across the ranks (ring {ring} is broken): the GPUs' "
                "P2P paths differ between ranks (no P2P route between two NVLink islands, ACS "
@@ -505,7 +505,7 @@ SETUP_RULES: tuple[Rule, ...] = (
             # torch's words for a tensor that holds NaN or inf where an op cannot take it: the
             # job's training diverged (or its data holds them)
             _p(r"normal expects all elements of std >= 0\.0|probability tensor contains either "
-               r"`inf`, `nan` or element < 0|Function '(?P<fn>\w{1,80})' returned nan values",
+               r"`inf`, `nan` or element < 0|Function '\w{1,80}' returned nan values",
                "the job's tensors hold NaN or inf (training diverged: a learning rate too high, "
                "fp16 overflow, or bad data; `torch.autograd.set_detect_anomaly(True)` finds "
                "the op)"),
@@ -532,7 +532,7 @@ SETUP_RULES: tuple[Rule, ...] = (
                "job's config, or a directory missing on this node)"),
             # diffusers' examples check the installed version at start-up
             _p(r"This example requires a (?:source install from HuggingFace diffusers|minimum "
-               r"version of (?P<want>[\w.]{1,40}))",
+               r"version of [\w.]{1,40})",
                "the example needs a newer diffusers than the one installed (install it from "
                "source, as the example's README says)"),
             # Python's own words for a name the code uses that the object or module lacks

@@ -93,6 +93,13 @@ _FIRST: tuple[Rule, ...] = (
             _p(r"(?:_env_error|_get_env_or_raise)\(\s{0,4}[\"'](?P<var>[A-Z_]{2,40})[\"']\)",
                "the launcher variable {var} is not set (env:// rendezvous; from the "
                "traceback's raising line)"),
+            # the launcher's own parser given no value: a launch script that passes
+            # --master_port=$MASTER_PORT (or --node_rank $NODE_RANK) with the variable unset
+            _p(r"(?:torchrun|launch\.py|run\.py|__main__\.py): error: argument "
+               r"(?P<arg>--(?:master|node|nnodes|nproc|rdzv|max)[\w-]{0,30})(?:/--[\w-]{1,40})?: "
+               r"(?:invalid int value: ''|expected one argument)",
+               "the launcher got no value for {arg}: the variable the launch script passes "
+               "there (e.g. $MASTER_PORT, $NODE_RANK) is empty or not set on this node"),
         ),
         "ValueError: Error initializing torch.distributed using env:// rendezvous: environment "
         "variable RANK expected, but not set",
@@ -582,7 +589,7 @@ _LATER: tuple[Rule, ...] = (
                "torchelastic could not reach the c10d rendezvous store (--rdzv_endpoint)"),
             _p(r"RendezvousTimeoutError|[Rr]endezvous[^\n]{0,120}timed out|"
                r"Initialization timed out|"
-               r"connectFullMesh failed(?![^\n]{0,80}Connection refused)",
+               r"connectFullMesh failed(?![^\n]{0,80}(?:Connection refused|\] no error))",
                "the rendezvous (store or gloo connect) timed out"),
             # the store's and gloo's bare socket errors: while the ranks meet (init, the first
             # store access) they are the rendezvous; raised from a collective, a collective
@@ -646,6 +653,13 @@ _LATER: tuple[Rule, ...] = (
                "GLOO_SOCKET_IFNAME to the data NIC)"),
             _p(r"connectFullMesh failed[^\n]{0,80}?Connection refused",
                "gloo's connection to a peer was refused"),
+            # the ranks met in the store and swapped addresses, but gloo's pairs did not
+            # connect (gloo's words: "[.../pair.cc:144] no error"): a published address this
+            # rank cannot reach, most often gloo picking another interface than the data NIC
+            _p(r"connectFullMesh failed[^\n]{0,120}?\] no error",
+               "gloo's connections to its peers failed after the ranks met (\"no error\": an "
+               "address a peer published is not reachable from here; set GLOO_SOCKET_IFNAME to "
+               "the data NIC on every node)"),
             _p(r"socketPollConnect[^\n]{0,160}?(?P<why>Connection timed out|Connection refused|"
                r"No route to host)",
                "NCCL's connect to a peer failed: {why}"),

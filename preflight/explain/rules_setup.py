@@ -516,8 +516,12 @@ SETUP_RULES: tuple[Rule, ...] = (
                "the checkpoint, or a custom model that needs trust_remote_code=True)"),
             # the job's own script's argument parser (argparse: "train.py: error: ...") refused
             # the command line every rank was given; not torch.distributed.launch's or
-            # torchrun's own parser (launch.py, run.py with its training_script)
-            _p(r"(?:^|[\]:|]\s{0,2})(?!launch\.py:)(?P<prog>[\w.-]{1,120}\.py): error: "
+            # torchrun's own parser (launch.py, run.py with its training_script, a launcher
+            # argument given no value: MissingLauncherEnv)
+            _p(r"(?:^|[\]:|]\s{0,2})(?!launch\.py:)"
+               r"(?!(?:run|__main__)\.py: error: argument --(?:master|node|nnodes|nproc|rdzv|max)"
+               r"[\w-]{0,30}(?:/--[\w-]{1,40})?: (?:invalid int value: ''|expected one argument))"
+               r"(?P<prog>[\w.-]{1,120}\.py): error: "
                r"(?![^\n]{0,200}training_script)(?P<msg>[^\n]{1,200})",
                "the job's script {prog} refused its command line: {msg}"),
             # Hugging Face's words for a model or dataset path that is not there: read as a

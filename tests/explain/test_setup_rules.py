@@ -659,8 +659,9 @@ ROUND10_LINES = [
     ("RuntimeError: Gloo connectFullMesh failed: Connection refused, remote=[127.0.1.1]:17308",
      "NcclConnectFailed"),
     ("RuntimeError: Gloo connectFullMesh failed: Connection refused", "NcclConnectFailed"),
+    # the other words of a failed full-mesh connect stay the rendezvous' ("no error": round 16)
     ("RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/"
-     "pair.cc:144] no error", "RendezvousTimeout"),
+     "pair.cc:446] Connection closed by peer [10.0.0.2]:6236", "RendezvousTimeout"),
 ]
 
 
@@ -930,10 +931,49 @@ def test_real_logs_of_the_fresh_corpora(path: Path, expected: str) -> None:
 
 
 #: Every line above, with the reason it must give first.
+ROUND16_LINES = [
+    # torchrun's own parser given an empty value ("--master-port=$MASTER_PORT", unset)
+    ("torchrun: error: argument --master-port/--master_port: invalid int value: ''",
+     "MissingLauncherEnv"),
+    ("launch.py: error: argument --master_port: expected one argument", "MissingLauncherEnv"),
+    # the ranks met, then gloo's pairs did not connect: an address not reachable from here
+    ("RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/"
+     "pair.cc:144] no error", "NcclConnectFailed"),
+]
+
+
+@pytest.mark.parametrize(("line", "arg"), [
+    ("torchrun: error: argument --master-port/--master_port: invalid int value: ''",
+     "--master-port"),
+    ("run.py: error: argument --node_rank/--node-rank: invalid int value: ''", "--node_rank"),
+])
+def test_an_empty_launcher_argument_names_the_argument_and_the_variable(line: str,
+                                                                        arg: str) -> None:
+    reason, message = first(line + "\n")
+    assert reason == "MissingLauncherEnv"
+    assert message.startswith(f"the launcher got no value for {arg}: the variable")
+
+
+@pytest.mark.parametrize("line", [
+    # the job's own script given an empty value: its own parser, its own command line
+    "train.py: error: argument --master_port: invalid int value: ''",
+    # torchrun's parser refusing another argument of the job's is the job's script's words
+    "run.py: error: argument --lr: invalid float value: ''",
+])
+def test_an_empty_value_for_the_jobs_own_script_stays_the_jobs(line: str) -> None:
+    assert first(line + "\n")[0] == "ScriptException"
+
+
+def test_a_full_mesh_connect_with_no_error_points_at_gloos_interface() -> None:
+    reason, message = first(ROUND16_LINES[-1][0] + "\n")
+    assert reason == "NcclConnectFailed"
+    assert "GLOO_SOCKET_IFNAME" in message
+
+
 ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_LINES
              + ROUND6_LINES + ROUND7_LINES + ROUND8_LINES + ROUND9_LINES
              + ROUND10_LINES + ROUND11_LINES + ROUND12_LINES + ROUND13_LINES
-             + ROUND14_LINES + ROUND15_LINES)
+             + ROUND14_LINES + ROUND15_LINES + ROUND16_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

@@ -20,6 +20,7 @@ from preflight.explain.facts import HOOKS, MAX_RANKS, Acc, LogFacts, tier_of
 from preflight.explain.matching import (
     FRAMES,
     collective_frame,
+    continued,
     exception,
     exception_line,
     file_name,
@@ -174,6 +175,11 @@ class Classifier:
                 self._follow_lines(block, end + 1, line_no + 2, follow)
             if "Last error" in text:
                 self._detail_window(block, start, end, line_no + 1, visited)
+            elif text.rstrip().endswith(":") and continued(text):
+                # an exception whose message goes on below ("ImportError: ... due to the
+                # following error:" / "the package flash_attn seems to be not installed."):
+                # its next line is matched too, as NCCL's detail is
+                self._detail_lines(block, end + 1, line_no + 1, 1, visited)
             call = frame_call(text)
             if call is not None:
                 if (self._last_frame is None

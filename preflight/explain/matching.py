@@ -267,6 +267,13 @@ def exception(text: str) -> tuple[str, str] | None:
     return m.group("cls").rsplit(".", 1)[-1], m.group("msg") or ""
 
 
+def continued(text: str) -> bool:
+    """True for a traceback's exception line whose message goes on on the next line (it ends
+    with a colon: ``ImportError: ... cannot be used due to the following error:``)."""
+    exc = exception(text)
+    return exc is not None and exc[1].rstrip().endswith(":")
+
+
 #: Launchers' exceptions that only report another process's failure: never the first error.
 WRAPPER_EXCEPTIONS = frozenset({"ChildFailedError", "CalledProcessError"})
 #: A line that says "error" in a program's own words: argparse's ``prog: error: ...``,

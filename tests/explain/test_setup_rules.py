@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from preflight.explain import classify_texts
+from preflight.explain.classifier import Classifier
 from preflight.explain.rules import BY_REASON
 from preflight.explain.rules_setup import SETUP_RULES
 
@@ -968,6 +969,36 @@ def test_a_full_mesh_connect_with_no_error_points_at_gloos_interface() -> None:
     reason, message = first(ROUND16_LINES[-1][0] + "\n")
     assert reason == "NcclConnectFailed"
     assert "GLOO_SOCKET_IFNAME" in message
+
+
+#: transformers' words when flash-attention 2 is asked for and not installed: the exception's
+#: message goes on on the next line, which holds the cause (a fresh corpus' cut log)
+CONTINUED = ("ImportError: FlashAttention2 has been toggled on, but it cannot be used due to the "
+             "following error:\nthe package flash_attn seems to be not installed.\n")
+
+
+def test_an_exception_message_continued_below_is_read_on_its_next_line() -> None:
+    (f,) = classify_texts([("job.log", CONTINUED)]).findings
+    assert f.reason == "MissingPackage"
+    assert f.message == "the package flash_attn is not installed in the Python that ran the job"
+    assert [e.line for e in f.evidence] == [2]
+
+
+def test_a_continued_message_split_across_blocks_is_read_the_same() -> None:
+    data = ("[rank0]: step 1\n" * 50 + CONTINUED).encode()
+    cut = data.index(b"\nthe package") + 1
+    c = Classifier()
+    c.begin("job.log")
+    c.feed(data[:cut])
+    c.feed(data[cut:])
+    (f,) = c.finish().findings
+    assert (f.reason, [e.line for e in f.evidence]) == ("MissingPackage", [52])
+
+
+def test_only_a_message_that_ends_in_a_colon_reads_the_next_line() -> None:
+    """The line after a complete exception message is not taken as part of it."""
+    text = CONTINUED.replace("following error:", "following error.")
+    assert reasons(text) != ["MissingPackage"]
 
 
 ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_LINES

@@ -36,6 +36,9 @@ threads was read, from threads used for no rule, each scored once on the rules o
   fourteenth round was written; a development set since its misses guided the fifteenth.
 * ``fresh17/`` (fresh17/RULE.md): the same source and kind of strings, gathered while the
   fifteenth round was written; a development set since its misses guided the sixteenth.
+* ``fresh18/`` (fresh18/RULE.md): GitHub issue threads again, asked by situation, gathered (by
+  two gatherers, each a share of the calls) while the sixteenth round was written; never tuned
+  on: it measures the rules as committed.
 
 The figures are those of docs/explain.md. A floor is the score the corpus gave when it was first
 scored, so that a change that loses ground shows; the targets (95 % recognised, 90 % right cause
@@ -86,6 +89,7 @@ CORPORA = (
     Corpus("fresh15", 34, (10 / 16, 10 / 16), 0, "fifteenth fresh corpus"),
     Corpus("fresh16", 32, (5 / 10, 5 / 10), 1, "sixteenth fresh corpus"),
     Corpus("fresh17", 32, (5 / 7, 5 / 7), 3, "seventeenth fresh corpus"),
+    Corpus("fresh18", 34, (9 / 11, 9 / 11), 0, "eighteenth fresh corpus"),
 )
 #: Where a log came from: a GitHub issue thread, or (from the tenth corpus on) a file of a
 #: public repository, by its path or by the id the stored index gives a file it does not name.
@@ -204,7 +208,7 @@ def test_no_healthy_log_is_flagged(corpus: Corpus) -> None:
 
 #: The corpora whose score guided no rule yet: the targets are measured on these only (on a
 #: development set meeting them says nothing).
-MEASURING = tuple(c for c in CORPORA if c.name in ("fresh8",))
+MEASURING = tuple(c for c in CORPORA if c.name in ("fresh8", "fresh18"))
 
 
 @pytest.mark.xfail(strict=True, reason="the fresh corpus misses the targets: docs/explain.md "

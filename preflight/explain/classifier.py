@@ -30,6 +30,7 @@ from preflight.explain.matching import (
     last_error_detail,
     match_frame,
     match_line,
+    model_code,
     passed_exception,
     says_error,
 )
@@ -356,11 +357,12 @@ class Classifier:
         """Count a traceback's exception line no rule knows when the frame just above it is in
         the job's own file (the job's code raised it), or when installed code raised one of
         ``PASSED_EXCEPTIONS`` in a traceback that holds a frame of the job's file (the job's
-        call passed it what it cannot take: that call is named)."""
+        call passed it what it cannot take: that call is named), or raised it in torch's layers
+        or optimizers, which only the model calls (``model_code``), frame of the job's or not."""
         rule = JOB_EXCEPTION_RULE
         if self._last_frame is None or rule is None:
             return
-        at, file, no, _ = self._last_frame
+        at, file, no, function = self._last_frame
         if not 0 < line_no - at <= EXCEPTION_SPAN:
             return
         parsed = exception(text)
@@ -373,16 +375,34 @@ class Classifier:
             exc = passed_exception(parsed)
             library = file_name(file)
             _, file, no, _ = self._job_frame
+        elif exc is None and model_code(file):
+            # raised by a torch layer or optimizer with no frame of the job's file left (the
+            # paste starts below it): only the model calls them, so it is what the model passed
+            exc = passed_exception(parsed)
+            if exc is not None:
+                cls, msg = exc
+                said = f": {msg[:160]}" if msg else " (no message)"
+                self._job_raised(text, line_no,
+                                 f"torch's {file_name(file)}:{no} ({function}) refused what the "
+                                 f"model gave it: {cls}{said}")
+            return
         if exc is None:
             return
         cls, msg = exc
-        rank = self._rank_of(text)
-        self._commit_frame(rank)
         name = file_name(file)
         said = f": {msg[:160]}" if msg else " (no message)"
-        message = (f"the job's code raised {cls} at {name}:{no}{said}" if library is None else
-                   f"the job's call at {name}:{no} made installed code ({library}) raise "
-                   f"{cls}{said}")
+        self._job_raised(text, line_no,
+                         f"the job's code raised {cls} at {name}:{no}{said}" if library is None
+                         else f"the job's call at {name}:{no} made installed code ({library}) "
+                              f"raise {cls}{said}")
+
+    def _job_raised(self, text: str, line_no: int, message: str) -> None:
+        """Count ``text``, a traceback's exception line, as the job's own (``ScriptException``)."""
+        rule = JOB_EXCEPTION_RULE
+        if rule is None:
+            return
+        rank = self._rank_of(text)
+        self._commit_frame(rank)
         acc = self._count(rule, None, rule.layer, message, line_no)
         self._evidence(acc, line_no, text, self.max_evidence)
         if rank is not None:

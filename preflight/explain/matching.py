@@ -254,6 +254,19 @@ def passed_exception(exc: tuple[str, str]) -> tuple[str, str] | None:
     return exc if _taken_as(exc[0]) in PASSED_EXCEPTIONS else None
 
 
+#: Installed code that only the model's own code calls: torch's layers, their functional forms
+#: and its optimizers (``torch/nn/modules/batchnorm.py``'s input check, ``torch/nn/functional.py``,
+#: ``torch/optim/``). One of ``PASSED_EXCEPTIONS`` raised there is what the model handed them
+#: (an input of the wrong shape, an empty parameter list), even when the traceback was cut
+#: above the job's own frame; torch's collectives and its CUDA calls raise RuntimeError.
+_MODEL_CODE = re.compile(r"[/\\]torch[/\\](?:nn|optim)[/\\]")
+
+
+def model_code(frame_file: str) -> bool:
+    """True for a frame's file among torch's layers and optimizers (``_MODEL_CODE``)."""
+    return _MODEL_CODE.search(frame_file) is not None
+
+
 def _taken_as(cls: str) -> str:
     """The class an exception counts as: its base in ``EXCEPTION_BASES``, else itself."""
     return EXCEPTION_BASES.get(cls, cls)

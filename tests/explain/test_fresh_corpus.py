@@ -37,8 +37,8 @@ threads was read, from threads used for no rule, each scored once on the rules o
 * ``fresh17/`` (fresh17/RULE.md): the same source and kind of strings, gathered while the
   fifteenth round was written; a development set since its misses guided the sixteenth.
 * ``fresh18/`` (fresh18/RULE.md): GitHub issue threads again, asked by situation, gathered (by
-  two gatherers, each a share of the calls) while the sixteenth round was written; never tuned
-  on: it measures the rules as committed.
+  two gatherers, each a share of the calls) while the sixteenth round was written; a development
+  set since its miss guided the seventeenth.
 
 The figures are those of docs/explain.md. A floor is the score the corpus gave when it was first
 scored, so that a change that loses ground shows; the targets (95 % recognised, 90 % right cause
@@ -208,7 +208,7 @@ def test_no_healthy_log_is_flagged(corpus: Corpus) -> None:
 
 #: The corpora whose score guided no rule yet: the targets are measured on these only (on a
 #: development set meeting them says nothing).
-MEASURING = tuple(c for c in CORPORA if c.name in ("fresh8", "fresh18"))
+MEASURING = tuple(c for c in CORPORA if c.name in ("fresh8",))
 
 
 @pytest.mark.xfail(strict=True, reason="the fresh corpus misses the targets: docs/explain.md "

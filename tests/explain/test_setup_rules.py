@@ -1001,6 +1001,51 @@ def test_only_a_message_that_ends_in_a_colon_reads_the_next_line() -> None:
     assert reasons(text) != ["MissingPackage"]
 
 
+#: A traceback pasted from below the job's own frame (a fresh corpus' thread): only the code
+#: line of that frame is left, then torchvision's resnet and torch's batchnorm input check.
+LAYER_REFUSED = """\
+    z1 = self.encoder(x1)  # NxC
+  File "/p/site-packages/torch/nn/modules/module.py", line 493, in __call__
+    result = self.forward(*input, **kwargs)
+  File "/p/site-packages/torchvision/models/resnet.py", line 204, in forward
+    x = self.fc(x)
+  File "/p/site-packages/torch/nn/modules/batchnorm.py", line 425, in _check_input_dim
+    .format(input.dim()))
+ValueError: expected at least 3D input (got 2D input)
+"""
+
+
+def test_a_torch_layer_refusing_its_input_is_the_models_with_no_job_frame_left() -> None:
+    (f,) = classify_texts([("job.log", LAYER_REFUSED)]).findings
+    assert f.reason == "ScriptException"
+    assert f.message == ("torch's batchnorm.py:425 (_check_input_dim) refused what the model "
+                         "gave it: ValueError: expected at least 3D input (got 2D input)")
+    assert [e.line for e in f.evidence] == [8]
+
+
+def test_a_layer_refusing_its_input_on_windows_paths_reads_the_same() -> None:
+    text = LAYER_REFUSED.replace("/p/site-packages/",
+                                 "C:\\Users\\u\\envs\\pt\\Lib\\site-packages\\").replace(
+        "torch/nn/modules/", "torch\\nn\\modules\\").replace("torchvision/models/",
+                                                         "torchvision\\models\\")
+    assert reasons(text) == ["ScriptException"]
+
+
+@pytest.mark.parametrize("last_frame, line", [
+    # another library's ValueError, no job frame: not known to be the job's input
+    ("site-packages/transformers/modeling_utils.py", "ValueError: expected at least 3D input"),
+    # a torch layer's RuntimeError is as often CUDA's or the node's as the model's
+    ("site-packages/torch/nn/modules/conv.py", "RuntimeError: expected at least 3D input"),
+    # torch's collectives are not model code
+    ("site-packages/torch/distributed/distributed_c10d.py", "ValueError: expected a tensor"),
+])
+def test_only_torchs_layers_and_optimizers_are_taken_as_the_models_input(
+        last_frame: str, line: str) -> None:
+    text = LAYER_REFUSED.replace("site-packages/torch/nn/modules/batchnorm.py", last_frame)
+    text = text.replace("ValueError: expected at least 3D input (got 2D input)", line)
+    assert "ScriptException" not in reasons(text)
+
+
 ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_LINES
              + ROUND6_LINES + ROUND7_LINES + ROUND8_LINES + ROUND9_LINES
              + ROUND10_LINES + ROUND11_LINES + ROUND12_LINES + ROUND13_LINES

@@ -39,6 +39,9 @@ threads was read, from threads used for no rule, each scored once on the rules o
 * ``fresh18/`` (fresh18/RULE.md): GitHub issue threads again, asked by situation, gathered (by
   two gatherers, each a share of the calls) while the sixteenth round was written; a development
   set since its miss guided the seventeenth.
+* ``fresh19/`` (fresh19/RULE.md): files of public repositories, gathered at the same time as
+  the eighteenth while the sixteenth round was written, read only once the seventeenth was
+  committed; never tuned on: it measures the rules as committed.
 
 The figures are those of docs/explain.md. A floor is the score the corpus gave when it was first
 scored, so that a change that loses ground shows; the targets (95 % recognised, 90 % right cause
@@ -90,6 +93,7 @@ CORPORA = (
     Corpus("fresh16", 32, (5 / 10, 5 / 10), 1, "sixteenth fresh corpus"),
     Corpus("fresh17", 32, (5 / 7, 5 / 7), 3, "seventeenth fresh corpus"),
     Corpus("fresh18", 34, (9 / 11, 9 / 11), 0, "eighteenth fresh corpus"),
+    Corpus("fresh19", 34, (5 / 8, 5 / 8), 0, "nineteenth fresh corpus"),
 )
 #: Where a log came from: a GitHub issue thread, or (from the tenth corpus on) a file of a
 #: public repository, by its path or by the id the stored index gives a file it does not name.
@@ -171,7 +175,7 @@ def test_no_thread_was_used_for_a_rule_or_an_earlier_corpus(corpus: Corpus) -> N
         assert ADDRESS.fullmatch(c.url)
         assert c.url.startswith("https://github.com/") or corpus.name in (
             "fresh10", "fresh11", "fresh12", "fresh13", "fresh14", "fresh15", "fresh16",
-            "fresh17")
+            "fresh17", "fresh19")
         assert 1 <= c.query <= corpus.queries
 
 
@@ -208,7 +212,7 @@ def test_no_healthy_log_is_flagged(corpus: Corpus) -> None:
 
 #: The corpora whose score guided no rule yet: the targets are measured on these only (on a
 #: development set meeting them says nothing).
-MEASURING = tuple(c for c in CORPORA if c.name in ("fresh8",))
+MEASURING = tuple(c for c in CORPORA if c.name in ("fresh8", "fresh19"))
 
 
 @pytest.mark.xfail(strict=True, reason="the fresh corpus misses the targets: docs/explain.md "

@@ -482,9 +482,20 @@ _LATER: tuple[Rule, ...] = (
                "the process was killed by {name}: {hint}"),
             # Slurm itself ended the job or step: a stop from outside, like torchrun's own
             _p(r"\*\*\* (?:JOB|STEP) (?P<job>[\d.]{1,30}) ON (?P<host>\S{1,253}) CANCELLED AT "
-               r"\S{1,40} DUE TO (?P<why>TIME LIMIT|PREEMPTION|NODE FAILURE)",
+               r"\S{1,40} DUE TO (?P<why>TIME LIMIT|PREEMPTION)",
                "Slurm cancelled job {job} on {host} due to {why}: the job was stopped from "
                "outside", last=True),
+            # a node of the job failed (Slurm lost contact with it): the node's trouble, not
+            # the job's; srun names the node that failed, slurmstepd the node it ran on
+            _p(r"srun: error: Node failure on (?P<host>[\w.-]{1,253})",
+               "Slurm lost the node {host} (node failure) and ended the job's step: the node, "
+               "not the job, stopped it; `scontrol show node {host}` (State, Reason) and "
+               "slurmctld's log say why; drain it and rerun on other nodes", last=True),
+            _p(r"\*\*\* (?:JOB|STEP) (?P<job>[\d.]{1,30}) ON (?P<host>\S{1,253}) CANCELLED AT "
+               r"\S{1,40} DUE TO NODE FAILURE",
+               "Slurm cancelled job {job} on {host} because a node of the job failed: the "
+               "node, not the job, stopped it (srun's `Node failure on` line names it; "
+               "`scontrol show node`, slurmctld's log)", last=True),
             # torchrun (the elastic agent) itself stopped by a signal, every torch 2.x: "Received
             # 15 death signal, shutting down workers" and "SignalException: Process PID got
             # signal: 15". Nothing in the job failed by itself: a time limit, preemption,

@@ -509,6 +509,16 @@ SETUP_RULES: tuple[Rule, ...] = (
                "the job's tensors hold NaN or inf (training diverged: a learning rate too high, "
                "fp16 overflow, or bad data; `torch.autograd.set_detect_anomaly(True)` finds "
                "the op)"),
+            # torch.load's words for a file that is not a whole checkpoint archive: cut short
+            # (read by another rank before rank 0 finished saving it, a save killed or out of
+            # disk, an unfinished download); the job's input, not the node
+            _p(r"PytorchStreamReader failed (?:reading zip archive: failed finding central "
+               r"directory|reading file (?P<file>[^\s:]{1,200}): (?:invalid header or archive "
+               r"is corrupted|file read failed))",
+               "torch.load read a file that is not a whole checkpoint (cut short: another rank "
+               "loaded it before rank 0 finished saving it, a save that was killed or ran out of "
+               "disk, or a download that did not finish): load only after a dist.barrier() "
+               "that follows the save, or save to a temporary name and rename it"),
             # transformers' words for a checkpoint of a model type it does not know
             _p(r"has model type `(?P<type>[\w.-]{1,80})` but Transformers does not recognize "
                r"this architecture",

@@ -41,7 +41,7 @@ threads was read, from threads used for no rule, each scored once on the rules o
   set since its miss guided the seventeenth.
 * ``fresh19/`` (fresh19/RULE.md): files of public repositories, gathered at the same time as
   the eighteenth while the sixteenth round was written, read only once the seventeenth was
-  committed; never tuned on: it measures the rules as committed.
+  committed; a development set since its misses guided the eighteenth.
 
 The figures are those of docs/explain.md. A floor is the score the corpus gave when it was first
 scored, so that a change that loses ground shows; the targets (95 % recognised, 90 % right cause
@@ -212,7 +212,7 @@ def test_no_healthy_log_is_flagged(corpus: Corpus) -> None:
 
 #: The corpora whose score guided no rule yet: the targets are measured on these only (on a
 #: development set meeting them says nothing).
-MEASURING = tuple(c for c in CORPORA if c.name in ("fresh8", "fresh19"))
+MEASURING = tuple(c for c in CORPORA if c.name in ("fresh8",))
 
 
 @pytest.mark.xfail(strict=True, reason="the fresh corpus misses the targets: docs/explain.md "

@@ -941,6 +941,13 @@ ROUND16_LINES = [
     ("RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/"
      "pair.cc:144] no error", "NcclConnectFailed"),
 ]
+ROUND18_LINES = [
+    # torch.load of a checkpoint another rank had not finished saving
+    ("RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central "
+     "directory", "ScriptException"),
+    ("RuntimeError: PytorchStreamReader failed reading file data/0: file read failed",
+     "ScriptException"),
+]
 
 
 @pytest.mark.parametrize(("line", "arg"), [
@@ -1046,10 +1053,53 @@ def test_only_torchs_layers_and_optimizers_are_taken_as_the_models_input(
     assert "ScriptException" not in reasons(text)
 
 
+@pytest.mark.parametrize("line", [
+    # a fresh corpus' one-line log: rank 0 still saving while the other ranks loaded it
+    "RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central "
+    "directory",
+    "RuntimeError: PytorchStreamReader failed reading file data/0: invalid header or archive "
+    "is corrupted",
+])
+def test_a_checkpoint_that_is_not_a_whole_archive_is_the_jobs_input(line: str) -> None:
+    (f,) = classify_texts([("job.log", line + "\n")]).findings
+    assert f.reason == "ScriptException"
+    assert "not a whole checkpoint" in f.message and "dist.barrier()" in f.message
+
+
+def test_a_checkpoint_cut_short_by_a_full_disk_is_the_disks() -> None:
+    text = ("RuntimeError: [enforce fail at inline_container.cc:595] . PytorchStreamWriter "
+            "failed writing file data/3: file write failed\n"
+            "RuntimeError: PytorchStreamReader failed reading zip archive: failed finding "
+            "central directory\n")
+    assert reasons(text)[0] == "DiskFull"
+
+
+SLURM_NODE_FAILURE = """\
+srun: error: Node failure on gpu-node37
+srun: Job step aborted: Waiting up to 62 seconds for job step to finish.
+slurmstepd: error: *** STEP 1943824.0 ON gpu-node17 CANCELLED AT 2023-03-06T03:17:51 DUE TO \
+NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***
+"""
+
+
+def test_a_slurm_node_failure_names_the_node_that_failed() -> None:
+    (f,) = classify_texts([("job.log", SLURM_NODE_FAILURE)]).findings
+    assert f.reason == "RankKilled"
+    assert f.message.startswith("Slurm lost the node gpu-node37 (node failure)")
+    assert "scontrol show node gpu-node37" in f.message
+    assert [e.line for e in f.evidence] == [1, 3]
+
+
+def test_a_slurm_time_limit_is_still_a_stop_from_outside() -> None:
+    text = SLURM_NODE_FAILURE.splitlines()[2].replace("NODE FAILURE", "TIME LIMIT")
+    (f,) = classify_texts([("job.log", text + "\n")]).findings
+    assert f.message.startswith("Slurm cancelled job 1943824.0 on gpu-node17 due to TIME LIMIT")
+
+
 ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_LINES
              + ROUND6_LINES + ROUND7_LINES + ROUND8_LINES + ROUND9_LINES
              + ROUND10_LINES + ROUND11_LINES + ROUND12_LINES + ROUND13_LINES
-             + ROUND14_LINES + ROUND15_LINES + ROUND16_LINES)
+             + ROUND14_LINES + ROUND15_LINES + ROUND16_LINES + ROUND18_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

@@ -262,6 +262,11 @@ _FIRST: tuple[Rule, ...] = (
             _p(r"CUDA out of memory|CUDA error: out of memory|Cuda failure 'out of memory'|"
                r"OutOfMemoryError",
                "CUDA out of memory"),
+            # a CUDA runtime call's own words ("cudaFuncSetAttribute(kernel_entry, ...): out of
+            # memory"), as a library that calls CUDA itself reports them
+            _p(r"(?P<call>cuda[A-Z]\w{2,60})\([^\n]{0,400}\): out of memory",
+               "the CUDA call {call} failed with out of memory (GPU memory full; from "
+               "cudaFuncSetAttribute, a kernel asked for more shared memory than this GPU has)"),
             _p(r"CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED",
                "cuBLAS/cuDNN could not allocate its workspace (GPU memory full)"),
         ),
@@ -301,6 +306,10 @@ _FIRST: tuple[Rule, ...] = (
             _p(r"Tensor for argument #\d{1,3} '(?P<arg>\w{1,40})' is on (?P<got>CPU|GPU), but "
                r"expected it to be on (?P<want>CPU|GPU)",
                "an op expected its argument {arg} on the {want} and got it on the {got}"),
+            # torch 1.x's check of an op's output against its inputs
+            _p(r"to have the same device as tensor for argument #\d{1,3} '(?P<arg>\w{1,40})'; "
+               r"but device (?P<x>\d{1,4}) does not equal (?P<y>\d{1,4})",
+               "an op got tensors on two GPUs ({arg} on GPU {y}, another on GPU {x})"),
             _p(r"expected device (?P<want>cuda:\d{1,4}|cpu) but got device "
                r"(?P<got>cuda:\d{1,4}|cpu)",
                "an op expected {want} but got a tensor on {got}"),
@@ -500,7 +509,10 @@ _LATER: tuple[Rule, ...] = (
             # 15 death signal, shutting down workers" and "SignalException: Process PID got
             # signal: 15". Nothing in the job failed by itself: a time limit, preemption,
             # `timeout`, a closed ssh session; often the end of a hang.
-            _p(r"Received (?P<sig>\d{1,2}) death signal, shutting down workers",
+            # torch 2.4+ names the signal ("Received Signals.SIGTERM death signal"), earlier
+            # torch its number
+            _p(r"Received (?:(?P<sig>\d{1,2})|Signals\.(?P<name>SIG[A-Z]{2,8})) death signal, "
+               r"shutting down workers",
                _LAUNCHER, last=True),
             _p(r"SignalException: Process (?P<pid>\d{1,10}) got signal: (?P<sig>\d{1,2})",
                _LAUNCHER, last=True),
@@ -694,6 +706,11 @@ _LATER: tuple[Rule, ...] = (
         (
             _p(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d{1,20}),"
                r" OpType=(?P<op>\w{1,40})[^\n]{0,400}?Timeout\(ms\)=(?P<ms>\d{1,12})\)",
+               "the NCCL watchdog aborted {op} SeqNum={seq} after its {ms} ms timeout"),
+            # the work's own words, for a paste that broke the line above them ("Watchdog
+            # caught collective" / "operation timeout: WorkNCCL(...) ran for ...")
+            _p(r"WorkNCCL\(SeqNum=(?P<seq>\d{1,20}), OpType=(?P<op>\w{1,40})[^\n]{0,400}?"
+               r"Timeout\(ms\)=(?P<ms>\d{1,12})\) ran for \d{1,15} milliseconds before timing out",
                "the NCCL watchdog aborted {op} SeqNum={seq} after its {ms} ms timeout"),
             # torch 2.5+'s heartbeat monitor on the rank that timed out
             _p(r"Received a dump signal due to a collective timeout from this local rank and we "

@@ -519,6 +519,23 @@ SETUP_RULES: tuple[Rule, ...] = (
                "loaded it before rank 0 finished saving it, a save that was killed or ran out of "
                "disk, or a download that did not finish): load only after a dist.barrier() "
                "that follows the save, or save to a temporary name and rename it"),
+            # a second init_process_group in one process (a notebook cell run twice, the job
+            # and a library each initialising the group)
+            _p(r"trying to initialize the default process group twice",
+               "init_process_group was called in a process whose default group already exists "
+               "(a notebook cell run twice, or the job and a library each initialising it): "
+               "call it once, or guard it with `dist.is_initialized()`"),
+            # Lightning's words for a strategy object it does not take: most often one of the
+            # `lightning` package given to a `pytorch_lightning` Trainer, or the reverse
+            _p(r"You selected an invalid strategy name: ",
+               "the Trainer was given a strategy it does not take (often a strategy from the "
+               "`lightning` package given to a `pytorch_lightning` Trainer, or the reverse: "
+               "import both from one package)"),
+            # transformers' check of a DeepSpeed config against the Trainer's own arguments
+            # (the values are on the next lines)
+            _p(r"DeepSpeed config values that mismatch TrainingArguments values",
+               "the DeepSpeed config and the Trainer's arguments disagree (the lines below "
+               "name the values): set those DeepSpeed values to \"auto\" or make them agree"),
             # transformers' words for a checkpoint of a model type it does not know
             _p(r"has model type `(?P<type>[\w.-]{1,80})` but Transformers does not recognize "
                r"this architecture",

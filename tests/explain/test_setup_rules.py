@@ -941,6 +941,27 @@ ROUND16_LINES = [
     ("RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/"
      "pair.cc:144] no error", "NcclConnectFailed"),
 ]
+ROUND19_LINES = [
+    # torch 2.4's agent names the signal; earlier torch printed its number
+    ("W0823 16:54:02.337000 139733055988160 torch/distributed/elastic/agent/server/api.py:688] "
+     "Received Signals.SIGTERM death signal, shutting down workers", "RankKilled"),
+    # the watchdog's line broken by a paste before "operation timeout"
+    ("operation timeout: WorkNCCL(SeqNum=691, OpType=ALLGATHER, Timeout(ms)=1800000) ran for "
+     "1801053 milliseconds before timing out.", "CollectiveTimeout"),
+    ("RuntimeError: :0: cudaFuncSetAttribute(kernel_entry, "
+     "cudaFuncAttributeMaxDynamicSharedMemorySize, integer_cast<int32_t>(launch_configs[0]."
+     "smemSizeInBytes)): out of memory", "CudaOutOfMemory"),
+    ("RuntimeError: Expected tensor for 'out' to have the same device as tensor for argument "
+     "#2 'mat1'; but device 1 does not equal 3 (while checking arguments for addmm)",
+     "DeviceMismatch"),
+    ("Caught error during NCCL init (attempt 0 of 5): trying to initialize the default process "
+     "group twice!", "ScriptException"),
+    ("ValueError: You selected an invalid strategy name: `strategy=<lightning.pytorch.strategies."
+     "ddp.DDPStrategy object at 0x7f0>`. It must be either a string or an instance of "
+     "`pytorch_lightning.strategies.Strategy`.", "ScriptException"),
+    ("ValueError: Please correct the following DeepSpeed config values that mismatch "
+     "TrainingArguments values:", "ScriptException"),
+]
 ROUND18_LINES = [
     # torch.load of a checkpoint another rank had not finished saving
     ("RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central "
@@ -1090,6 +1111,19 @@ def test_a_slurm_node_failure_names_the_node_that_failed() -> None:
     assert [e.line for e in f.evidence] == [1, 3]
 
 
+def test_torchruns_named_death_signal_is_a_stop_from_outside() -> None:
+    (f,) = classify_texts([("job.log", ROUND19_LINES[0][0] + "\n")]).findings
+    assert f.message.startswith("torchrun itself received SIGTERM and stopped all its workers")
+
+
+def test_a_watchdog_line_broken_by_the_paste_still_names_the_collective() -> None:
+    text = ("RuntimeError: NCCL communicator was aborted on rank 0.  Original reason for failure "
+            "was: [Rank 0] Watchdog caught collective \n" + ROUND19_LINES[1][0] + "\n")
+    (f,) = classify_texts([("job.log", text)]).findings
+    assert f.message == ("the NCCL watchdog aborted ALLGATHER SeqNum=691 after its 1800000 ms "
+                         "timeout")
+
+
 def test_a_slurm_time_limit_is_still_a_stop_from_outside() -> None:
     text = SLURM_NODE_FAILURE.splitlines()[2].replace("NODE FAILURE", "TIME LIMIT")
     (f,) = classify_texts([("job.log", text + "\n")]).findings
@@ -1099,7 +1133,7 @@ def test_a_slurm_time_limit_is_still_a_stop_from_outside() -> None:
 ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_LINES
              + ROUND6_LINES + ROUND7_LINES + ROUND8_LINES + ROUND9_LINES
              + ROUND10_LINES + ROUND11_LINES + ROUND12_LINES + ROUND13_LINES
-             + ROUND14_LINES + ROUND15_LINES + ROUND16_LINES + ROUND18_LINES)
+             + ROUND14_LINES + ROUND15_LINES + ROUND16_LINES + ROUND18_LINES + ROUND19_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

@@ -370,6 +370,7 @@ class Classifier:
             return
         exc = job_exception(parsed, file)
         library: str | None = None
+        layer = False
         if exc is None and self._job_frame is not None:
             # raised in installed code, called from the job's file: what the job passed
             exc = passed_exception(parsed)
@@ -379,30 +380,22 @@ class Classifier:
             # raised by a torch layer or optimizer with no frame of the job's file left (the
             # paste starts below it): only the model calls them, so it is what the model passed
             exc = passed_exception(parsed)
-            if exc is not None:
-                cls, msg = exc
-                said = f": {msg[:160]}" if msg else " (no message)"
-                self._job_raised(text, line_no,
-                                 f"torch's {file_name(file)}:{no} ({function}) refused what the "
-                                 f"model gave it: {cls}{said}")
-            return
+            layer = True
         if exc is None:
             return
         cls, msg = exc
-        name = file_name(file)
-        said = f": {msg[:160]}" if msg else " (no message)"
-        self._job_raised(text, line_no,
-                         f"the job's code raised {cls} at {name}:{no}{said}" if library is None
-                         else f"the job's call at {name}:{no} made installed code ({library}) "
-                              f"raise {cls}{said}")
-
-    def _job_raised(self, text: str, line_no: int, message: str) -> None:
-        """Count ``text``, a traceback's exception line, as the job's own (``ScriptException``)."""
-        rule = JOB_EXCEPTION_RULE
-        if rule is None:
-            return
         rank = self._rank_of(text)
         self._commit_frame(rank)
+        name = file_name(file)
+        said = f": {msg[:160]}" if msg else " (no message)"
+        if layer:
+            message = (f"torch's {name}:{no} ({function}) refused what the model gave it: "
+                       f"{cls}{said}")
+        elif library is None:
+            message = f"the job's code raised {cls} at {name}:{no}{said}"
+        else:
+            message = (f"the job's call at {name}:{no} made installed code ({library}) raise "
+                       f"{cls}{said}")
         acc = self._count(rule, None, rule.layer, message, line_no)
         self._evidence(acc, line_no, text, self.max_evidence)
         if rank is not None:

@@ -599,8 +599,12 @@ _LATER: tuple[Rule, ...] = (
                "a rank could not connect to the store at {addr}"),
             # (not c10d's warning that a host has no IPv6 address, which healthy runs print:
             # "The IPv6 network addresses of (node01, 29500) cannot be retrieved (gai error: -3
-            # - Temporary failure in name resolution)")
-            _p(r"^(?![^\n]{0,300}The IPv6 network addresses of )[^\n]{0,3000}?"
+            # - Temporary failure in name resolution)"), nor an HTTP client's (urllib3,
+            # requests: a download from a model hub or a logging service on a node without
+            # internet; the rendezvous never goes through them)
+            _p(r"^(?![^\n]{0,300}The IPv6 network addresses of )"
+               r"(?![^\n]{0,3000}(?:HTTPS?ConnectionPool|NameResolutionError|urllib3|"
+               r"requests\.exceptions))[^\n]{0,3000}?"
                r"(?:Name or service not known|Temporary failure in name resolution|nodename nor "
                r"servname provided|No address associated with hostname)",
                "a host name (MASTER_ADDR or --rdzv_endpoint) could not be resolved"),

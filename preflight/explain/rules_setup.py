@@ -346,6 +346,13 @@ SETUP_RULES: tuple[Rule, ...] = (
             _p(r"CUDA tensor detected and the MPI used doesn't have CUDA-aware MPI support",
                "the MPI backend was given GPU tensors and this MPI is not CUDA-aware: use "
                "backend='nccl' for CUDA tensors, or an MPI built with CUDA support"),
+            # torch 0.4's THD backend, built without the backend it was asked for (a source
+            # build that did not find NCCL 2 used its bundled NCCL 1)
+            _p(r"the distributed (?P<backend>NCCL|Gloo|MPI|gloo|mpi|nccl) backend is not "
+               r"available",
+               "this torch was built without the {backend} backend (a source build that did not "
+               "find the library): rebuild with it found (for NCCL 2, NCCL_ROOT_DIR) or install "
+               "a release build"),
             _p(r"Distributed package doesn't have NCCL bu(?:il|li)t in",
                "this torch has no NCCL (a CPU, Windows or macOS build): use backend='gloo' or "
                "a CUDA build of torch on Linux"),
@@ -536,6 +543,19 @@ SETUP_RULES: tuple[Rule, ...] = (
             _p(r"DeepSpeed config values that mismatch TrainingArguments values",
                "the DeepSpeed config and the Trainer's arguments disagree (the lines below "
                "name the values): set those DeepSpeed values to \"auto\" or make them agree"),
+            # autograd's words for backward() on a tensor that is not one number: a loss per
+            # sample or per GPU (a DataParallel habit carried into DDP), or a missing reduction
+            _p(r"grad can be implicitly created only for scalar outputs",
+               "backward() was called on a loss that is not a single number (a loss per sample "
+               "or per GPU, as DataParallel gathers it): reduce it first, e.g. "
+               "`loss.mean().backward()`"),
+            # OpenMMLab's distributed sampler (mmedit, mmcv) given fewer samples than the ranks
+            # need between them
+            _p(r"You may use too small dataset and our distributed sampler cannot pad your "
+               r"dataset",
+               "the dataset is smaller than the ranks need between them (samples per GPU times "
+               "the number of GPUs), so the distributed sampler cannot pad it: use fewer GPUs, "
+               "fewer samples per GPU, or a larger dataset"),
             # transformers' words for a checkpoint of a model type it does not know
             _p(r"has model type `(?P<type>[\w.-]{1,80})` but Transformers does not recognize "
                r"this architecture",

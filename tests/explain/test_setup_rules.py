@@ -962,6 +962,17 @@ ROUND19_LINES = [
     ("ValueError: Please correct the following DeepSpeed config values that mismatch "
      "TrainingArguments values:", "ScriptException"),
 ]
+ROUND20_LINES = [
+    # torch 0.4's THD backend, from a source build that had not found NCCL 2
+    ("RuntimeError: the distributed NCCL backend is not available; try to recompile the THD "
+     "package with CUDA and NCCL 2+ support at /home/u/pytorch/torch/lib/THD/process_group/"
+     "General.cpp:17", "BackendUnsupported"),
+    # autograd given a loss per sample or per GPU
+    ("RuntimeError: grad can be implicitly created only for scalar outputs", "ScriptException"),
+    ("ValueError: You may use too small dataset and our distributed sampler cannot pad your "
+     "dataset correctly. We highly recommend you to use fewer GPUs to finish your work",
+     "ScriptException"),
+]
 ROUND18_LINES = [
     # torch.load of a checkpoint another rank had not finished saving
     ("RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central "
@@ -1130,10 +1141,37 @@ def test_a_slurm_time_limit_is_still_a_stop_from_outside() -> None:
     assert f.message.startswith("Slurm cancelled job 1943824.0 on gpu-node17 due to TIME LIMIT")
 
 
+#: a node without internet: the Hugging Face Hub's host name could not be resolved (cut)
+_HUB_OFFLINE = (
+    "[rank0]: requests.exceptions.ConnectionError: (MaxRetryError('HTTPSConnectionPool(host="
+    "\\'huggingface.co\\', port=443): Max retries exceeded with url: /api/models/org/model/tree/"
+    "main (Caused by NameResolutionError(\"<urllib3.connection.HTTPSConnection object at 0x7f>: "
+    "Failed to resolve \\'huggingface.co\\' ([Errno -3] Temporary failure in name resolution)"
+    "\"))'), '(Request ID: 3e1c)')\n"
+    "[2025-07-18 13:36:48,709] [INFO] [launch.py:319:sigkill_handler] Killing subprocess 4994\n")
+
+
+def test_a_download_that_cannot_resolve_its_host_is_not_the_rendezvous() -> None:
+    """An HTTP client's name-resolution error is a download (a model hub, a logger) on a node
+    without internet, not MASTER_ADDR: the launcher's report of the stop is what stays."""
+    assert reasons(_HUB_OFFLINE) == ["RankKilled"]
+    # the resolver's same words from the store are still the rendezvous
+    assert reasons("torch.distributed.DistNetworkError: [c10d] The hostname of the client "
+                   "socket cannot be retrieved. err=-3 Temporary failure in name resolution\n"
+                   )[:1] == ["RendezvousTimeout"]
+
+
+def test_a_loss_that_is_not_a_number_names_the_reduction() -> None:
+    reason, message = first(ROUND20_LINES[1][0] + "\n")
+    assert reason == "ScriptException"
+    assert "loss.mean().backward()" in message
+
+
 ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_LINES
              + ROUND6_LINES + ROUND7_LINES + ROUND8_LINES + ROUND9_LINES
              + ROUND10_LINES + ROUND11_LINES + ROUND12_LINES + ROUND13_LINES
-             + ROUND14_LINES + ROUND15_LINES + ROUND16_LINES + ROUND18_LINES + ROUND19_LINES)
+             + ROUND14_LINES + ROUND15_LINES + ROUND16_LINES + ROUND18_LINES + ROUND19_LINES
+             + ROUND20_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

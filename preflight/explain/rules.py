@@ -57,6 +57,10 @@ _FIRST: tuple[Rule, ...] = (
             _p(r"Tried to launch distributed communication on port `?(?P<port>\d{1,5})`?, but "
                r"another process is utilizing it",
                "accelerate found port {port} (main_process_port) taken by another process"),
+            # SGLang waits for its port range to be free, then gives up
+            _p(r"port_base at (?P<port>\d{1,5}) is not available in \d{1,6} seconds",
+               "SGLang's port range from {port} is held by another process (two servers on one "
+               "node given the same ports): give each its own port range"),
         ),
         "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
         "network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, "
@@ -167,6 +171,12 @@ _FIRST: tuple[Rule, ...] = (
                "NCCL's socket transport found no interface to use"),
             _p(r"Unable to find address for:? (?P<ifname>\S{1,64})",
                "gloo found no address for interface {ifname} (GLOO_SOCKET_IFNAME)"),
+            # Transformer Engine's userbuffers take the interface from NVTE_UB_SOCKET_IFNAME,
+            # NCCL_SOCKET_IFNAME or GLOO_SOCKET_IFNAME as an exact name, not NCCL's prefix
+            _p(r"Invalid network interface: (?P<ifname>[\w.:@-]{1,64})",
+               "Transformer Engine found no interface named {ifname} (it reads "
+               "NVTE_UB_SOCKET_IFNAME, NCCL_SOCKET_IFNAME or GLOO_SOCKET_IFNAME as an exact "
+               "name, not a prefix): set NVTE_UB_SOCKET_IFNAME to the full name, e.g. eth0"),
         ),
         "node01:4102:4102 [0] NCCL WARN Bootstrap : no socket interface found",
         hook=Hook.SOCKET_IFNAME,
@@ -180,6 +190,11 @@ _FIRST: tuple[Rule, ...] = (
         "share one /dev/shm (`docker run --ipc=host`) "
         "(https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html)",
         (
+            # /dev/shm is there but this user may not create files in it (its mode, a mount)
+            _p(r"Call to shm_open failed ?: Permission denied",
+               "NCCL may not create files in /dev/shm (shm_open: Permission denied): `ls -ld "
+               "/dev/shm` should show drwxrwxrwt; restore it with `chmod 1777 /dev/shm`, or "
+               "set NCCL_SHM_DISABLE=1"),
             _p(r"Error while creating shared memory segment (?P<path>\S{1,300}) \(size "
                r"(?P<size>\d{1,20})\)",
                "NCCL could not create the shared-memory segment {path} ({size} B) in /dev/shm"),
@@ -593,8 +608,14 @@ _LATER: tuple[Rule, ...] = (
                "a rank could not connect to the store (MASTER_ADDR:MASTER_PORT) within {t}"),
             _p(r"\[c10d\] The client socket has timed out after (?P<t>\d{1,12}m?s)",
                "a rank could not connect to the store (MASTER_ADDR:MASTER_PORT) within {t}"),
-            _p(r"client socket has failed to connect to (?:any network address of )?"
-               r"(?P<addr>[^\n]{1,120}?)(?: \(errno: (?P<errno>\d{1,4}) - (?P<why>[^)\n]{1,60})\)|"
+            # (not c10d's warning that the IPv6 loopback could not be used, "[W socket.cpp:663]
+            # ... to [localhost]:29500 (errno: 99 - Cannot assign requested address).", which a
+            # run that goes on to train prints)
+            _p(r"^(?!(?:\[rank\d{1,7}\]:)?\[W[\d ][^\n]{0,300}errno: 99 - Cannot assign)"
+               r"[^\n]{0,300}?"
+               r"client socket has failed to connect to (?:any network address of )?"
+               r"(?P<addr>\([^()\n]{1,120}\)|\[[^\]\n]{1,255}\]:\d{1,5}|[^\n]{1,120}?)"
+               r"(?: \((?:errno|system error): (?P<errno>\d{1,5}) - (?P<why>[^)\n]{1,80})\)|"
                r"\.|$)",
                "a rank could not connect to the store at {addr}"),
             # (not c10d's warning that a host has no IPv6 address, which healthy runs print:
@@ -779,6 +800,9 @@ ANCHORS: tuple[bytes, ...] = (
     b"rror", b"WARN", b"imed out", b"imeout", b"already in use", b"peer", b"NVRM: Xid",
     b"fallen off the bus", b"ncclCommInitRank", b"global_world_sizes", b"(local_rank:",
     b"SOCKET_IFNAME set", b"exitcode", b"Connection refused",
+    # c10d's own log line ("[E socket.cpp:610] [c10d] The client socket has failed to connect
+    # to any network address of (host, port)."), which says neither error nor timeout
+    b"failed to connect",
     # traceback frames (``File "...", line N, in f``) and the launchers' words for a kill or
     # the host's memory: srun's "Killed", the kernel's "Killed process", DeepSpeed's "Killing
     # subprocess", "return code" and memory report, Lightning's "terminated with code"
@@ -801,6 +825,9 @@ ANCHORS: tuple[bytes, ...] = (
     # ROCm's runtime on an AMD GPU: "HW Exception by GPU node-N", "Memory access fault by GPU
     # node-N" (no "rror" in either)
     b"by GPU node-",
+    # a logger's ERROR level ("ERROR 04-22 15:53:32 pynccl.py:44] Failed to load NCCL library
+    # ..."), whose words may hold none of the above
+    b"ERROR",
 )
 
 BY_REASON: dict[str, Rule] = {r.reason: r for r in RULES}

@@ -123,6 +123,11 @@ SETUP_RULES: tuple[Rule, ...] = (
                r"nvrtc|nvJitLink|torch\w{0,20}|c10\w{0,10})\.so[\d.]{0,20}): cannot open shared "
                r"object file",
                "the library {lib} cannot be loaded (not installed, or not on the library path)"),
+            # vLLM (and projects that copied its pynccl) open libnccl.so.2 themselves
+            _p(r"Failed to load NCCL library from (?P<lib>[^\s]{1,200}?) ?\.",
+               "the NCCL library {lib} could not be loaded (not there, or built for another "
+               "platform): point VLLM_NCCL_SO_PATH at the libnccl.so.2 torch uses (`python -c "
+               "'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))'`)"),
             _p(r"The detected CUDA version \((?P<found>[\d.]{1,10})\) mismatches the version "
                r"that was used to compile\s{1,4}PyTorch \((?P<built>[\d.]{1,10})\)",
                "an extension is being built with CUDA {found} but torch was built with CUDA "

@@ -973,6 +973,19 @@ ROUND20_LINES = [
      "dataset correctly. We highly recommend you to use fewer GPUs to finish your work",
      "ScriptException"),
 ]
+ROUND21_LINES = [
+    # c10d's own error line, which says neither error nor timeout in words
+    ("[E socket.cpp:610] [c10d] The client socket has failed to connect to any network address "
+     "of (192.168.1.99, 1234).", "RendezvousTimeout"),
+    # a logger's ERROR level (capitals) with vLLM's own words for a library it opens itself
+    ("ERROR 04-22 15:53:32 pynccl.py:44] Failed to load NCCL library from libnccl.so.2 .It is "
+     "expected if you are not running on NVIDIA/AMD GPUs.", "LibraryMismatch"),
+    ("[rank1]: OSError: Invalid network interface: eth", "NoSocketInterface"),
+    ("ValueError: port_base at 30234 is not available in 30 seconds. port_base is used by a "
+     "process already.", "PortInUse"),
+    ("node08:27106:27302 [0] include/shm.h:27 NCCL WARN Call to shm_open failed : Permission "
+     "denied", "ShmExhausted"),
+]
 ROUND18_LINES = [
     # torch.load of a checkpoint another rank had not finished saving
     ("RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central "
@@ -1161,6 +1174,30 @@ def test_a_download_that_cannot_resolve_its_host_is_not_the_rendezvous() -> None
                    )[:1] == ["RendezvousTimeout"]
 
 
+@pytest.mark.parametrize(("line", "named"), [
+    (ROUND21_LINES[0][0], "the store at (192.168.1.99, 1234)"),
+    ("[W socket.cpp:663] [c10d] The client socket has failed to connect to [kubernetes.docker."
+     "internal]:54941 (system error: 10049 - The requested address is not valid in its "
+     "context.).", "the store at [kubernetes.docker.internal]:54941"),
+])
+def test_the_store_address_c10d_could_not_reach_is_named_whole(line: str, named: str) -> None:
+    reason, message = first(line + "\n")
+    assert reason == "RendezvousTimeout"
+    assert message.startswith(f"a rank could not connect to {named}")
+
+
+def test_dev_shm_that_may_not_be_written_is_not_called_full() -> None:
+    reason, message = first(ROUND21_LINES[-1][0] + "\n")
+    assert reason == "ShmExhausted"
+    assert "Permission denied" in message and "chmod 1777 /dev/shm" in message
+
+
+def test_transformer_engines_interface_check_names_its_own_variable() -> None:
+    reason, message = first(ROUND21_LINES[2][0] + "\n")
+    assert reason == "NoSocketInterface"
+    assert "NVTE_UB_SOCKET_IFNAME" in message and "named eth " in message
+
+
 def test_a_loss_that_is_not_a_number_names_the_reduction() -> None:
     reason, message = first(ROUND20_LINES[1][0] + "\n")
     assert reason == "ScriptException"
@@ -1171,7 +1208,7 @@ ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_L
              + ROUND6_LINES + ROUND7_LINES + ROUND8_LINES + ROUND9_LINES
              + ROUND10_LINES + ROUND11_LINES + ROUND12_LINES + ROUND13_LINES
              + ROUND14_LINES + ROUND15_LINES + ROUND16_LINES + ROUND18_LINES + ROUND19_LINES
-             + ROUND20_LINES)
+             + ROUND20_LINES + ROUND21_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

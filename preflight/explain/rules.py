@@ -104,6 +104,14 @@ _FIRST: tuple[Rule, ...] = (
                r"(?:invalid int value: ''|expected one argument)",
                "the launcher got no value for {arg}: the variable the launch script passes "
                "there (e.g. $MASTER_PORT, $NODE_RANK) is empty or not set on this node"),
+            # ... or given a variable's name, never expanded: written in single quotes, or passed
+            # by a scheduler's job definition that runs no shell
+            _p(r"(?:torchrun|launch\.py|run\.py|__main__\.py): error: argument "
+               r"(?P<arg>--(?:master|node|nnodes|nproc|rdzv|max)[\w-]{0,30})(?:/--[\w-]{1,40})?: "
+               r"invalid int value: '\$\{?(?P<var>[A-Za-z_]\w{0,60})\}?'",
+               "the launcher got the text ${var} for {arg}, not its value: nothing expanded "
+               "the variable (single quotes, or a job definition that runs no shell): expand it "
+               "in a shell (`--node_rank=\"${var}\"`) or pass the number"),
         ),
         "ValueError: Error initializing torch.distributed using env:// rendezvous: environment "
         "variable RANK expected, but not set",
@@ -317,6 +325,12 @@ _FIRST: tuple[Rule, ...] = (
         (
             _p(r"Expected all tensors to be on the same device",
                "an op got tensors on different devices"),
+            # the optimizers' foreach grouping: a parameter's grad or state on another device
+            _p(r"Tensors of the same index must be on the same device and the same dtype",
+               "the optimizer found a parameter's gradient or state on another device or dtype "
+               "than the parameter (a model moved after the optimizer was built, optimizer "
+               "state loaded onto another device, or FSDP gradients accumulated outside "
+               "no_sync)"),
             # torch 1.x's words
             _p(r"Tensor for argument #\d{1,3} '(?P<arg>\w{1,40})' is on (?P<got>CPU|GPU), but "
                r"expected it to be on (?P<want>CPU|GPU)",

@@ -548,6 +548,10 @@ SETUP_RULES: tuple[Rule, ...] = (
             _p(r"DeepSpeed config values that mismatch TrainingArguments values",
                "the DeepSpeed config and the Trainer's arguments disagree (the lines below "
                "name the values): set those DeepSpeed values to \"auto\" or make them agree"),
+            # the DataLoader's own check of its arguments
+            _p(r"persistent_workers option needs num_workers > 0",
+               "the DataLoader was given persistent_workers=True with num_workers=0: give it "
+               "workers, or set persistent_workers=False where num_workers is 0"),
             # autograd's words for backward() on a tensor that is not one number: a loss per
             # sample or per GPU (a DataParallel habit carried into DDP), or a missing reduction
             _p(r"grad can be implicitly created only for scalar outputs",
@@ -572,7 +576,8 @@ SETUP_RULES: tuple[Rule, ...] = (
             # argument given no value: MissingLauncherEnv)
             _p(r"(?:^|[\]:|]\s{0,2})(?!launch\.py:)"
                r"(?!(?:run|__main__)\.py: error: argument --(?:master|node|nnodes|nproc|rdzv|max)"
-               r"[\w-]{0,30}(?:/--[\w-]{1,40})?: (?:invalid int value: ''|expected one argument))"
+               r"[\w-]{0,30}(?:/--[\w-]{1,40})?: (?:invalid int value: '(?:\$[\w{}]{1,62})?'|"
+               r"expected one argument))"
                r"(?P<prog>[\w.-]{1,120}\.py): error: "
                r"(?![^\n]{0,200}training_script)(?P<msg>[^\n]{1,200})",
                "the job's script {prog} refused its command line: {msg}"),

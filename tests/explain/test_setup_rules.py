@@ -986,6 +986,14 @@ ROUND21_LINES = [
     ("node08:27106:27302 [0] include/shm.h:27 NCCL WARN Call to shm_open failed : Permission "
      "denied", "ShmExhausted"),
 ]
+ROUND22_LINES = [
+    # a scheduler's variable passed to torchrun as its name, never expanded
+    ("main/0 torchrun: error: argument --node-rank/--node_rank: invalid int value: "
+     "'$AWS_BATCH_JOB_NODE_INDEX'", "MissingLauncherEnv"),
+    ("RuntimeError: Tensors of the same index must be on the same device and the same dtype "
+     "except `step` tensors that can be CPU and float32/64 notwithstanding", "DeviceMismatch"),
+    ("ValueError: persistent_workers option needs num_workers > 0", "ScriptException"),
+]
 ROUND18_LINES = [
     # torch.load of a checkpoint another rank had not finished saving
     ("RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central "
@@ -1186,6 +1194,18 @@ def test_the_store_address_c10d_could_not_reach_is_named_whole(line: str, named:
     assert message.startswith(f"a rank could not connect to {named}")
 
 
+@pytest.mark.parametrize("value", ["'$AWS_BATCH_JOB_NODE_INDEX'", "'${AWS_BATCH_JOB_NODE_INDEX}'"])
+def test_a_launcher_variable_never_expanded_is_named(value: str) -> None:
+    line = ROUND22_LINES[0][0].replace("'$AWS_BATCH_JOB_NODE_INDEX'", value)
+    reason, message = first(line + "\n")
+    assert reason == "MissingLauncherEnv"
+    assert message.startswith("the launcher got the text $AWS_BATCH_JOB_NODE_INDEX for "
+                              "--node-rank, not its value")
+    # the job's own script given the same unexpanded text is still the job's
+    assert first(f"train.py: error: argument --node_rank: invalid int value: {value}\n")[0] \
+        == "ScriptException"
+
+
 def test_dev_shm_that_may_not_be_written_is_not_called_full() -> None:
     reason, message = first(ROUND21_LINES[-1][0] + "\n")
     assert reason == "ShmExhausted"
@@ -1208,7 +1228,7 @@ ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_L
              + ROUND6_LINES + ROUND7_LINES + ROUND8_LINES + ROUND9_LINES
              + ROUND10_LINES + ROUND11_LINES + ROUND12_LINES + ROUND13_LINES
              + ROUND14_LINES + ROUND15_LINES + ROUND16_LINES + ROUND18_LINES + ROUND19_LINES
-             + ROUND20_LINES + ROUND21_LINES)
+             + ROUND20_LINES + ROUND21_LINES + ROUND22_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

@@ -325,6 +325,8 @@ _FIRST: tuple[Rule, ...] = (
         (
             _p(r"Expected all tensors to be on the same device",
                "an op got tensors on different devices"),
+            _p(r"expected input to be on (?P<want>cuda|cpu)\b",
+               "an op expected its input on {want} and got it elsewhere"),
             # the optimizers' foreach grouping: a parameter's grad or state on another device
             _p(r"Tensors of the same index must be on the same device and the same dtype",
                "the optimizer found a parameter's gradient or state on another device or dtype "
@@ -377,6 +379,12 @@ _FIRST: tuple[Rule, ...] = (
         "move the model to the GPU before wrapping it in DDP "
         "(https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html)",
         (
+            # DDP's reducer given no gradient for a sparse parameter (find_unused_parameters
+            # does not cover sparse ones)
+            _p(r"Expected sparse gradient to be defined",
+               "DDP got no gradient for a sparse parameter (an embedding with sparse=True that "
+               "took no part in this step's loss; find_unused_parameters does not cover sparse "
+               "parameters): make it take part, e.g. add 0 * its output to the loss"),
             _p(r"Expected to have finished reduction in the prior iteration",
                "DDP finished an iteration without gradients for every parameter (unused "
                "parameters)"),

@@ -228,6 +228,13 @@ SETUP_RULES: tuple[Rule, ...] = (
                "rank {a} ran {op} while another rank ran a different collective or size"),
             _p(r"Detected mismatch between collectives on ranks",
                "the ranks ran different collectives at the same point"),
+            # NCCL's own check (NCCL_CHECK_MODE / its debug build): names a rank near the
+            # mismatch
+            _p(r"NCCL WARN Mismatched collective detected[^\n]{0,80}?around rank (?P<near>\d{1,7})",
+               "NCCL found the ranks calling different collectives at the same point, at or "
+               "near rank {near}"),
+            _p(r"NCCL WARN Mismatched collective detected",
+               "NCCL found the ranks calling different collectives at the same point"),
             # gloo received more bytes than the buffer it posted: the ranks' sizes differ
             _p(r"op\.preamble\.length <= op\.nbytes\. (?P<got>\d{1,15}) vs (?P<want>\d{1,15})",
                "gloo received {got} bytes into a {want}-byte buffer: the ranks ran the "
@@ -591,6 +598,10 @@ SETUP_RULES: tuple[Rule, ...] = (
                r"identifier",
                "{name} is neither a directory here nor a model on the Hub (a wrong path in the "
                "job's config, or a directory missing on this node)"),
+            # transformers' check of the installed accelerate
+            _p(r"Install Accelerate from main branch",
+               "the installed transformers needs a newer accelerate than the one installed: "
+               "`pip install -U accelerate` (or the version its release names)"),
             # diffusers' examples check the installed version at start-up
             _p(r"This example requires a (?:source install from HuggingFace diffusers|minimum "
                r"version of [\w.]{1,40})",
@@ -605,6 +616,15 @@ SETUP_RULES: tuple[Rule, ...] = (
                "for"),
         ),
         "NameError: name '_ddp_dict' is not defined",
+        frames=(
+            # multiprocessing's own raise, when the paste stops above its exception line: the
+            # job set the start method twice
+            _f("set_start_method", r"raise RuntimeError\(\s{0,4}['\"]context has already been "
+               r"set",
+               "the job set the multiprocessing start method a second time (set_start_method "
+               "in code that runs again, or after a library set it): call it once under `if "
+               "__name__ == '__main__':`, or pass force=True (from the traceback's frames)"),
+        ),
         progress=False,
         generic=True,
         job_frames=True,

@@ -994,6 +994,14 @@ ROUND22_LINES = [
      "except `step` tensors that can be CPU and float32/64 notwithstanding", "DeviceMismatch"),
     ("ValueError: persistent_workers option needs num_workers > 0", "ScriptException"),
 ]
+ROUND23_LINES = [
+    ("`init.cc:1247 NCCL WARN Mismatched collective detected, please check your collective "
+     "calls at and around rank 39. You can use NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS=COLL to "
+     "see the collective logs`", "CollectiveMismatch"),
+    ("RuntimeError: expected input to be on cuda", "DeviceMismatch"),
+    ("RuntimeError: Expected sparse gradient to be defined.", "UnusedParameters"),
+    ("ValueError: Install Accelerate from main branch", "ScriptException"),
+]
 ROUND18_LINES = [
     # torch.load of a checkpoint another rank had not finished saving
     ("RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central "
@@ -1206,6 +1214,26 @@ def test_a_launcher_variable_never_expanded_is_named(value: str) -> None:
         == "ScriptException"
 
 
+#: the job's init_dist setting the start method again; the paste stops at multiprocessing's
+#: raise, above its exception line (cut)
+_START_METHOD_TWICE = """\
+Traceback (most recent call last):
+  File "train.py", line 22, in init_dist
+    mp.set_start_method('spawn')
+  File "/home/ai/anaconda3/lib/python3.7/multiprocessing/context.py", line 242, in set_start_method
+    raise RuntimeError('context has already been set')
+"""
+
+
+def test_a_start_method_set_twice_is_read_from_the_frames() -> None:
+    (f,) = classify_texts([("job.log", _START_METHOD_TWICE)]).findings
+    assert f.reason == "ScriptException"
+    assert f.message.startswith("the job set the multiprocessing start method a second time")
+    # the same frame raising something else is not this
+    other = _START_METHOD_TWICE.replace("context has already been set", "cannot find context")
+    assert [x.reason for x in classify_texts([("job.log", other)]).findings] == []
+
+
 def test_dev_shm_that_may_not_be_written_is_not_called_full() -> None:
     reason, message = first(ROUND21_LINES[-1][0] + "\n")
     assert reason == "ShmExhausted"
@@ -1228,7 +1256,7 @@ ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_L
              + ROUND6_LINES + ROUND7_LINES + ROUND8_LINES + ROUND9_LINES
              + ROUND10_LINES + ROUND11_LINES + ROUND12_LINES + ROUND13_LINES
              + ROUND14_LINES + ROUND15_LINES + ROUND16_LINES + ROUND18_LINES + ROUND19_LINES
-             + ROUND20_LINES + ROUND21_LINES + ROUND22_LINES)
+             + ROUND20_LINES + ROUND21_LINES + ROUND22_LINES + ROUND23_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

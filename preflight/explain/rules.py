@@ -327,6 +327,10 @@ _FIRST: tuple[Rule, ...] = (
                "an op got tensors on different devices"),
             _p(r"expected input to be on (?P<want>cuda|cpu)\b",
                "an op expected its input on {want} and got it elsewhere"),
+            # torch 1.x's words for the same
+            _p(r"Expected object of backend (?P<want>CUDA|CPU) but got backend (?P<got>CUDA|CPU) "
+               r"for argument #\d{1,3} '(?P<arg>\w{1,40})'",
+               "an op expected its argument {arg} on the {want} and got it on the {got}"),
             # the optimizers' foreach grouping: a parameter's grad or state on another device
             _p(r"Tensors of the same index must be on the same device and the same dtype",
                "the optimizer found a parameter's gradient or state on another device or dtype "

@@ -358,6 +358,12 @@ SETUP_RULES: tuple[Rule, ...] = (
             _p(r"CUDA tensor detected and the MPI used doesn't have CUDA-aware MPI support",
                "the MPI backend was given GPU tensors and this MPI is not CUDA-aware: use "
                "backend='nccl' for CUDA tensors, or an MPI built with CUDA support"),
+            # a torch built without torch.distributed at all (macOS wheels before 1.7, some
+            # source and mobile builds): the module has none of its functions
+            _p(r"module 'torch\.distributed' has no attribute '(?P<fn>init_process_group|"
+               r"is_initialized|get_rank|get_world_size|barrier|all_reduce)'",
+               "this torch was built without torch.distributed (`torch.distributed."
+               "is_available()` is False; macOS wheels before 1.7): install a build that has it"),
             # torch 0.4's THD backend, built without the backend it was asked for (a source
             # build that did not find NCCL 2 used its bundled NCCL 1)
             _p(r"the distributed (?P<backend>NCCL|Gloo|MPI|gloo|mpi|nccl) backend is not "
@@ -598,6 +604,18 @@ SETUP_RULES: tuple[Rule, ...] = (
                r"identifier",
                "{name} is neither a directory here nor a model on the Hub (a wrong path in the "
                "job's config, or a directory missing on this node)"),
+            # fairscale's sharded optimizer saved without gathering its shards first
+            _p(r"Optimizer state has not been consolidated on this rank",
+               "the job saved a sharded optimizer's state without gathering it: call "
+               "`optimizer.consolidate_state_dict()` on every rank before rank 0 saves it"),
+            # apex's amp given a model already wrapped in DDP
+            _p(r"Incoming model is an instance of torch\.nn\.parallel\.DistributedDataParallel",
+               "apex's amp.initialize was given a model already wrapped in DDP: call "
+               "amp.initialize first, then wrap the model it returns"),
+            # allennlp's check of its distributed config
+            _p(r"Multiple cuda devices need to be configured to run distributed training",
+               "allennlp's config asks for distributed training with one cuda device: list one "
+               "device per process in distributed.cuda_devices, or train without distributed"),
             # transformers' check of the installed accelerate
             _p(r"Install Accelerate from main branch",
                "the installed transformers needs a newer accelerate than the one installed: "

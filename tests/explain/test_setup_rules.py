@@ -1002,6 +1002,20 @@ ROUND23_LINES = [
     ("RuntimeError: Expected sparse gradient to be defined.", "UnusedParameters"),
     ("ValueError: Install Accelerate from main branch", "ScriptException"),
 ]
+ROUND24_LINES = [
+    ("RuntimeError: Optimizer state has not been consolidated on this rank.                 "
+     "Please call `consolidate_state_dict()` on all ranks beforehand if you meant to save the "
+     "global state", "ScriptException"),
+    ("RuntimeError: Incoming model is an instance of torch.nn.parallel.DistributedDataParallel. "
+     "Parallel wrappers should only be applied to the model(s) AFTER", "ScriptException"),
+    # the exception class a paste leaves off is not needed when it names itself
+    ("allennlp.common.checks.ConfigurationError: \"Multiple cuda devices need to be configured "
+     "to run distributed training.\"", "ScriptException"),
+    ("RuntimeError: Expected object of backend CUDA but got backend CPU for argument #2 "
+     "'target' in call to _thnn_nll_loss_forward", "DeviceMismatch"),
+    ("AttributeError: module 'torch.distributed' has no attribute 'init_process_group'",
+     "BackendUnsupported"),
+]
 ROUND18_LINES = [
     # torch.load of a checkpoint another rank had not finished saving
     ("RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central "
@@ -1234,6 +1248,15 @@ def test_a_start_method_set_twice_is_read_from_the_frames() -> None:
     assert [x.reason for x in classify_texts([("job.log", other)]).findings] == []
 
 
+def test_a_torch_without_distributed_is_not_the_jobs_code() -> None:
+    reason, message = first(ROUND24_LINES[-1][0] + "\n")
+    assert reason == "BackendUnsupported"
+    assert "built without torch.distributed" in message
+    # another module's missing name is still a version the code was not written for
+    assert first("AttributeError: module 'torch.distributed' has no attribute 'tensor'\n")[0] \
+        == "ScriptException"
+
+
 def test_dev_shm_that_may_not_be_written_is_not_called_full() -> None:
     reason, message = first(ROUND21_LINES[-1][0] + "\n")
     assert reason == "ShmExhausted"
@@ -1256,7 +1279,8 @@ ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_L
              + ROUND6_LINES + ROUND7_LINES + ROUND8_LINES + ROUND9_LINES
              + ROUND10_LINES + ROUND11_LINES + ROUND12_LINES + ROUND13_LINES
              + ROUND14_LINES + ROUND15_LINES + ROUND16_LINES + ROUND18_LINES + ROUND19_LINES
-             + ROUND20_LINES + ROUND21_LINES + ROUND22_LINES + ROUND23_LINES)
+             + ROUND20_LINES + ROUND21_LINES + ROUND22_LINES + ROUND23_LINES
+             + ROUND24_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

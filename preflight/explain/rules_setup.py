@@ -124,7 +124,7 @@ SETUP_RULES: tuple[Rule, ...] = (
                r"object file",
                "the library {lib} cannot be loaded (not installed, or not on the library path)"),
             # vLLM (and projects that copied its pynccl) open libnccl.so.2 themselves
-            _p(r"Failed to load NCCL library from (?P<lib>[^\s]{1,200}?) ?\.",
+            _p(r"Failed to load NCCL library from (?P<lib>\S{1,200}?)(?: ?\.(?=\s|It\b|$)|\s|$)",
                "the NCCL library {lib} could not be loaded (not there, or built for another "
                "platform): point VLLM_NCCL_SO_PATH at the libnccl.so.2 torch uses (`python -c "
                "'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))'`)"),

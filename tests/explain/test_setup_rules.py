@@ -1257,6 +1257,14 @@ def test_a_torch_without_distributed_is_not_the_jobs_code() -> None:
         == "ScriptException"
 
 
+@pytest.mark.parametrize("tail", [" .It is expected", ". It is expected", " .", ""])
+def test_the_nccl_library_vllm_could_not_load_is_named_whole(tail: str) -> None:
+    line = f"ERROR 04-22 15:53:32 pynccl.py:44] Failed to load NCCL library from libnccl.so.2{tail}"
+    reason, message = first(line + "\n")
+    assert reason == "LibraryMismatch"
+    assert message.startswith("the NCCL library libnccl.so.2 could not be loaded")
+
+
 def test_dev_shm_that_may_not_be_written_is_not_called_full() -> None:
     reason, message = first(ROUND21_LINES[-1][0] + "\n")
     assert reason == "ShmExhausted"

@@ -20,7 +20,7 @@ connect), 3 a symptom of another rank's death (the watchdog timeout, broken pipe
 
 from __future__ import annotations
 
-from preflight.explain.rules_setup import SETUP_RULES
+from preflight.explain.rules_setup import LAUNCHER_ARG, LAUNCHER_ARG_ALIAS, SETUP_RULES
 from preflight.explain.ruletypes import (
     KILLED,
     ORIGIN,
@@ -100,14 +100,14 @@ _FIRST: tuple[Rule, ...] = (
             # the launcher's own parser given no value: a launch script that passes
             # --master_port=$MASTER_PORT (or --node_rank $NODE_RANK) with the variable unset
             _p(r"(?:torchrun|launch\.py|run\.py|__main__\.py): error: argument "
-               r"(?P<arg>--(?:master|node|nnodes|nproc|rdzv|max)[\w-]{0,30})(?:/--[\w-]{1,40})?: "
+               r"(?P<arg>" + LAUNCHER_ARG + ")" + LAUNCHER_ARG_ALIAS + r": "
                r"(?:invalid int value: ''|expected one argument)",
                "the launcher got no value for {arg}: the variable the launch script passes "
                "there (e.g. $MASTER_PORT, $NODE_RANK) is empty or not set on this node"),
             # ... or given a variable's name, never expanded: written in single quotes, or passed
             # by a scheduler's job definition that runs no shell
             _p(r"(?:torchrun|launch\.py|run\.py|__main__\.py): error: argument "
-               r"(?P<arg>--(?:master|node|nnodes|nproc|rdzv|max)[\w-]{0,30})(?:/--[\w-]{1,40})?: "
+               r"(?P<arg>" + LAUNCHER_ARG + ")" + LAUNCHER_ARG_ALIAS + r": "
                r"invalid int value: '\$\{?(?P<var>[A-Za-z_]\w{0,60})\}?'",
                "the launcher got the text ${var} for {arg}, not its value: nothing expanded "
                "the variable (single quotes, or a job definition that runs no shell): expand it "

@@ -14,6 +14,13 @@ from preflight.explain.ruletypes import ORIGIN, Layer, Rule
 from preflight.explain.ruletypes import frame as _f
 from preflight.explain.ruletypes import pattern as _p
 
+#: The arguments of torchrun's and torch.distributed.launch's own parsers that a launch script
+#: fills from a variable (``--master_port=$MASTER_PORT``, ``--node_rank $NODE_RANK``), and the
+#: alias spelling argparse prints after a slash: MissingLauncherEnv reads those parsers' errors
+#: about them, and the job's-script pattern below leaves exactly those errors to it.
+LAUNCHER_ARG = r"--(?:master|node|nnodes|nproc|rdzv|max)[\w-]{0,30}"
+LAUNCHER_ARG_ALIAS = r"(?:/--[\w-]{1,40})?"
+
 SETUP_RULES: tuple[Rule, ...] = (
     Rule(
         "NoCudaDevice", Layer.ENVIRONMENT, ORIGIN,
@@ -588,9 +595,8 @@ SETUP_RULES: tuple[Rule, ...] = (
             # torchrun's own parser (launch.py, run.py with its training_script, a launcher
             # argument given no value: MissingLauncherEnv)
             _p(r"(?:^|[\]:|]\s{0,2})(?!launch\.py:)"
-               r"(?!(?:run|__main__)\.py: error: argument --(?:master|node|nnodes|nproc|rdzv|max)"
-               r"[\w-]{0,30}(?:/--[\w-]{1,40})?: (?:invalid int value: '(?:\$[\w{}]{1,62})?'|"
-               r"expected one argument))"
+               r"(?!(?:run|__main__)\.py: error: argument " + LAUNCHER_ARG + LAUNCHER_ARG_ALIAS
+               + r": (?:invalid int value: '(?:\$[\w{}]{1,62})?'|expected one argument))"
                r"(?P<prog>[\w.-]{1,120}\.py): error: "
                r"(?![^\n]{0,200}training_script)(?P<msg>[^\n]{1,200})",
                "the job's script {prog} refused its command line: {msg}"),

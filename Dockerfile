@@ -21,7 +21,8 @@ COPY preflight /src/preflight
 COPY docs /src/docs
 RUN /opt/preflight/bin/python -m pip install --no-cache-dir --disable-pip-version-check \
       --no-deps --no-build-isolation /src \
- && /opt/preflight/bin/preflight --version
+ && /opt/preflight/bin/preflight --version \
+ && /opt/preflight/bin/python -c "from preflight.explain.classifier import SCAN; assert SCAN.one_pass"
 
 FROM build AS build-full
 # torch's CUDA build by default (GBs): what the bandwidth workers and `preflight cluster` import.

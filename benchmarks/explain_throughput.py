@@ -5,6 +5,8 @@ Writes a log (1 GB by default, ``--size``) into a temporary directory: 8 ranks w
 warnings, and at the end a /dev/shm failure on rank 5 followed by watchdog timeouts on the
 others. Then it classifies the file the way ``preflight explain`` does and prints MB/s, the
 peak RSS of the process (VmHWM) and the findings. Target: >= 50 MB/s, bounded memory.
+The candidate lines are found in one RE2 pass where google-re2 is installed (the ``re2``
+extra), else by one ``bytes.find`` pass per anchor; ``--no-re2`` measures the latter.
 On a machine shared with other work the wall-clock MB/s drops with the load; the MB per CPU
 second of the process is printed beside it (with the load average) for that case.
 
@@ -146,10 +148,19 @@ def main() -> int:
     ap.add_argument("--compare", action="store_true",
                     help="one row each for 8 and 8,192 ranks, both kinds")
     ap.add_argument("--dir", default=None, help="where to write the temporary log")
+    ap.add_argument("--no-re2", action="store_true",
+                    help="find the candidate lines with one bytes.find pass per anchor even "
+                         "where google-re2 is installed (what a node without it gets)")
     args = ap.parse_args()
+    from preflight.explain import blocks, classifier
+    if args.no_re2:
+        classifier.SCAN = blocks.AnchorScan(classifier.SCAN.anchors, one_pass=False)
     size = parse_size(args.size)
     load = os.getloadavg()[0]
-    print(f"cpu: {os.cpu_count()} cores, load average {load:.1f}; python {sys.version.split()[0]}")
+    scan = ("one RE2 pass (google-re2)" if classifier.SCAN.one_pass
+            else "one bytes.find pass per anchor")
+    print(f"cpu: {os.cpu_count()} cores, load average {load:.1f}; python {sys.version.split()[0]}; "
+          f"anchor scan: {scan}")
     print("| log size | kind | ranks | lines | time (s) | MB/s | CPU s | MB per CPU s "
           "| peak RSS (MiB) | findings |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")

@@ -1,7 +1,8 @@
 """The streaming classifier: blocks of log lines in, ordered diagnoses with ranks out.
 
-Speed (>= 50 MB/s, bounded memory): a block is searched with ``bytes.find`` for a few anchor
-substrings (``rules.ANCHORS``); only lines holding one are decoded and run through the rules
+Speed (>= 50 MB/s, bounded memory): a block is searched for a few anchor substrings
+(``rules.ANCHORS``, blocks.AnchorScan: one RE2 pass where google-re2 is installed, else one
+``bytes.find`` pass each); only lines holding one are decoded and run through the rules
 (matching.py). Around some of them a few more lines are read (blocks.py): NCCL's ``Last error:``
 detail, a traceback frame's source line, the lines a pattern adds to its evidence. Rank facts
 come from facts.py, per-rank progress from the end of each block (progress.py). Memory is
@@ -15,7 +16,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from preflight.explain.blocks import decode, hit_starts, last_lines, lines_above, lines_from
+from preflight.explain.blocks import AnchorScan, decode, last_lines, lines_above, lines_from
 from preflight.explain.facts import HOOKS, MAX_RANKS, Acc, LogFacts, tier_of
 from preflight.explain.matching import (
     FRAMES,
@@ -69,6 +70,8 @@ EXCEPTION_SPAN = 4
 #: How many lines one traceback frame comes after the one above it (its source line, Python
 #: 3.11's ``^^^^`` / ``~~~^^^`` markers): a frame further down starts another traceback.
 FRAME_GAP = 4
+#: The candidate lines of a block: those holding an anchor.
+SCAN = AnchorScan(ANCHORS)
 _FILE_RANK = re.compile(r"(?:rank[_-]?|attempt_\d{1,5}/)(\d{1,7})(?:\D|$)")
 
 
@@ -161,7 +164,7 @@ class Classifier:
         if not self._sources:
             self.begin("-")
         self._bytes += len(block)
-        starts = hit_starts(block, ANCHORS)
+        starts = SCAN.starts(block)
         visited = set(starts)
         self._carry_over(block, visited)
         line_no = self._base

@@ -817,11 +817,12 @@ _LATER: tuple[Rule, ...] = (
 RULES: tuple[Rule, ...] = _FIRST + SETUP_RULES + _LATER
 
 #: Substrings that every line a rule (or a rank fact) can match contains at least one of. The
-#: classifier looks only at lines holding one of them (a fast ``bytes.find`` over a block): almost
-#: every error line holds "rror" (XxxError:, error) or NCCL's "WARN"; the detail lines NCCL puts
-#: around "Last error:" are run through the rules by the classifier's detail window. Each anchor
-#: costs one pass over the block, a long one less than a short one (the search skips by its
-#: length), so the anchors are as long as the texts allow.
+#: classifier looks only at lines holding one of them (blocks.AnchorScan): almost every error
+#: line holds "rror" (XxxError:, error) or NCCL's "WARN"; the detail lines NCCL puts around "Last
+#: error:" are run through the rules by the classifier's detail window. With google-re2 one search
+#: covers them all; without it each anchor costs one ``bytes.find`` pass over the block, a long
+#: one less than a short one (the search skips by its length), so the anchors are as long as the
+#: texts allow.
 ANCHORS: tuple[bytes, ...] = (
     b"rror", b"WARN", b"imed out", b"imeout", b"already in use", b"peer", b"NVRM: Xid",
     b"fallen off the bus", b"ncclCommInitRank", b"global_world_sizes", b"(local_rank:",

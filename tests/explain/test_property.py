@@ -109,6 +109,65 @@ def test_the_literal_pre_check_keeps_every_real_logs_matches() -> None:
         assert (fast and (fast[1], fast[2].span())) == (every and (every[1], every[2].span()))
 
 
+def _anchor_soup() -> st.SearchStrategy[bytes]:
+    from preflight.explain.rules import ANCHORS
+
+    parts = st.one_of(st.sampled_from(ANCHORS), st.sampled_from([b"\n", b"\r\n", b" ", b"x"]),
+                      st.sampled_from([a[:k] for a in ANCHORS for k in (1, len(a) - 1)]),
+                      st.binary(max_size=12))
+    return st.lists(parts, max_size=80).map(b"".join).map(lambda b: b + b"\n")
+
+
+@settings(max_examples=300, deadline=None)
+@given(_anchor_soup(), st.integers(min_value=1, max_value=64))
+def test_the_one_pass_anchor_scan_finds_the_lines_the_finds_do(block: bytes, chunk: int) -> None:
+    """With google-re2 a block's stretches without an anchor are skipped by one search; the
+    candidate lines are exactly those of one ``bytes.find`` pass per anchor, whatever the
+    stretch length (chunk boundaries, anchors cut in two, invalid UTF-8, CRLF)."""
+    from preflight.explain import blocks
+    from preflight.explain.rules import ANCHORS
+
+    scan = blocks.AnchorScan(ANCHORS)
+    if not scan.one_pass:
+        pytest.skip("google-re2 not installed (the re2 extra)")
+    plain = blocks.AnchorScan(ANCHORS, one_pass=False)
+    saved, blocks.SCAN_CHUNK = blocks.SCAN_CHUNK, chunk
+    try:
+        assert scan.starts(block) == plain.starts(block)
+    finally:
+        blocks.SCAN_CHUNK = saved
+
+
+def test_the_one_pass_anchor_scan_keeps_every_real_logs_lines() -> None:
+    """Every log kept under tests/explain, as one block: the same candidate lines either way,
+    and the classifier (which uses the one-pass scan where it can) gives the same answer as
+    with the finds alone."""
+    from pathlib import Path
+
+    from preflight.explain import blocks, classifier
+    from preflight.explain.rules import ANCHORS
+
+    if not classifier.SCAN.one_pass:
+        pytest.skip("google-re2 not installed (the re2 extra)")
+    plain = blocks.AnchorScan(ANCHORS, one_pass=False)
+    logs = sorted(Path(__file__).parent.rglob("*.log"))
+    assert len(logs) > 300
+    for path in logs:
+        data = path.read_bytes()
+        data += b"" if data.endswith(b"\n") else b"\n"
+        assert classifier.SCAN.starts(data) == plain.starts(data), path
+        fast = Classifier()
+        fast.feed(data)
+        saved, classifier.SCAN = classifier.SCAN, plain
+        try:
+            slow = Classifier()
+            slow.feed(data)
+        finally:
+            classifier.SCAN = saved
+        assert ([(d.reason, d.message, d.evidence) for d in fast.finish().findings]
+                == [(d.reason, d.message, d.evidence) for d in slow.finish().findings]), path
+
+
 def test_adversarial_long_lines_stay_fast() -> None:
     """Near-misses repeated over a megabyte line: bounded regexes keep it well under a second
     (0.15 s here). A regex that backtracks over such a line takes minutes to hours, so the 30 s

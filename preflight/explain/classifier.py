@@ -20,6 +20,7 @@ from preflight.explain.blocks import AnchorScan, decode, last_lines, lines_above
 from preflight.explain.facts import HOOKS, MAX_RANKS, Acc, LogFacts, tier_of
 from preflight.explain.matching import (
     FRAMES,
+    child_frame,
     collective_frame,
     continued,
     exception,
@@ -113,6 +114,10 @@ class Classifier:
         self._last_frame: tuple[int, str, str, str] | None = None
         #: The last frame of the job's own file in the traceback being read, if it had one.
         self._job_frame: tuple[int, str, str, str] | None = None
+        #: Whether the traceback being read ran in a process multiprocessing started.
+        self._child = False
+        #: The line of the first frame of the traceback being read.
+        self._tb_start = 0
         #: The first exception line and the first "error:" line, by (file index, line).
         self._first: dict[bool, tuple[tuple[int, int], FirstError]] = {}
         self.facts = LogFacts()
@@ -142,6 +147,8 @@ class Classifier:
         self._collective = None
         self._last_frame = None
         self._job_frame = None
+        self._child = False
+        self._tb_start = 0
 
     def count_source(self, source: str) -> None:
         """Name a source read elsewhere (a flight recorder dump) among those read."""
@@ -189,7 +196,11 @@ class Classifier:
                 if (self._last_frame is None
                         or line_no + 1 - self._last_frame[0] > FRAME_GAP):
                     self._job_frame = None  # another traceback
+                    self._child = False
+                    self._tb_start = line_no + 1
                 self._last_frame = (line_no + 1, call[0], call[2], call[1])
+                if child_frame(call):
+                    self._child = True
                 if not installed_code(call[0]):
                     self._job_frame = self._last_frame
                 inside = collective_frame(call)
@@ -314,6 +325,9 @@ class Classifier:
             reason, template = pat.in_collective
             rule = BY_REASON[reason]
             groups["op"] = op
+        if pat.in_child is not None and self._child and self._exception_line(line_no):
+            reason, template = pat.in_child
+            rule = BY_REASON[reason]
         keep, fallback = HOOKS[rule.hook].accept(self.facts, groups, pat, line_no)
         if not keep:
             return []
@@ -324,6 +338,10 @@ class Classifier:
             rank = int(groups["rank"])
         if rank is None:
             rank = fallback
+        pending = self._frames.get(rank)
+        if (pending is not None and pending.rule is not rule and pending.line >= self._tb_start
+                and self._exception_line(line_no) and exception(text) is not None):
+            del self._frames[rank]  # the exception's own words outrank the frame's guess
         self._commit_frame(rank)
         try:
             message = template.format(**groups)
@@ -424,6 +442,12 @@ class Classifier:
         self._first[cls is not None] = (key, FirstError(
             Evidence(self._source, line_no, _cut(text)), cls, frame,
             frame is not None and installed_code(frame[0]), self._rank_of(text)))
+
+    def _exception_line(self, line_no: int) -> bool:
+        """Whether ``line_no`` comes where the exception line of the traceback just read
+        does (right below its last frame)."""
+        return (self._last_frame is not None
+                and 0 < line_no - self._last_frame[0] <= EXCEPTION_SPAN)
 
     def _in_collective(self, line_no: int) -> str | None:
         """The collective whose traceback frame came just above ``line_no``, if one did."""

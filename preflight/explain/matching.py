@@ -144,6 +144,15 @@ def frame_call(text: str) -> tuple[str, str, str] | None:
     return None if m is None else (m.group("file"), m.group("func"), m.group("no"))
 
 
+def child_frame(call: tuple[str, str, str]) -> bool:
+    """True for the frame a process multiprocessing started runs under: ``_bootstrap`` in
+    multiprocessing's ``process.py``, or a DataLoader worker's ``_worker_loop``."""
+    file, function, _ = call
+    file = file.replace("\\", "/")
+    return ((function == "_bootstrap" and file.endswith("multiprocessing/process.py"))
+            or (function == "_worker_loop" and file.endswith("data/_utils/worker.py")))
+
+
 def collective_frame(call: tuple[str, str, str]) -> bool | None:
     """True for a frame inside one of torch.distributed's collectives, False for one of its
     rendezvous or init (which a traceback of the ranks meeting runs through), None for any

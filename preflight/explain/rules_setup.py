@@ -47,6 +47,14 @@ SETUP_RULES: tuple[Rule, ...] = (
                r"incorrectly set up environment",
                "CUDA could not initialise in this process (the driver, /dev/nvidia* or "
                "CUDA_VISIBLE_DEVICES changed after start)"),
+            # CUDA's error 3 (cudaErrorInitializationError): the driver in the main process; in
+            # a process multiprocessing forked, CUDA initialised in the parent before the fork
+            _p(r"(?:cuda runtime error \(3\) : |CUDA error: )initialization error",
+               "CUDA could not initialise in this process (initialization error: the driver or "
+               "/dev/nvidia*)",
+               in_child=("CudaInitBeforeFork",
+                         "a process multiprocessing started could not initialise CUDA "
+                         "(initialization error): CUDA was initialised before it was forked")),
             _p(r"nvidia-container-cli: (?:initialization|device|detection) error: "
                r"(?P<why>[^\n]{1,120})",
                "the container runtime could not give the container its GPUs: {why}"),

@@ -43,6 +43,10 @@ class Pattern:
             ends runs through a collective of torch.distributed (a bare ``Socket Timeout`` is
             a rendezvous that timed out, raised from ``all_reduce`` it is a collective that did;
             the message may name the collective as ``{op}``).
+        in_child: ``(reason, message)`` a hit counts as instead when the traceback it ends ran
+            in a process multiprocessing started (``_bootstrap`` in its ``process.py``, a
+            DataLoader worker's ``_worker_loop``): CUDA's ``initialization error`` is the
+            driver's in the main process, CUDA initialised before a fork in such a child.
         names_rank: the finding's rank is the one the line names (its group ``rank``), not
             the rank that printed it (torch's heartbeat monitor on every other rank: "a
             collective timeout from rank 7": rank 7 timed out, the printer did not).
@@ -56,12 +60,15 @@ class Pattern:
     only_with: str = ""
     in_collective: tuple[str, str] | None = None
     names_rank: bool = False
+    in_child: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
 class Frame:
     """A Python traceback frame that names a failure class even when the traceback was cut
-    before its last line (people paste what fits).
+    before its last line (people paste what fits). It is a guess from where the traceback went:
+    when its own exception line follows and a pattern of another rule knows it, the exception's
+    words win and the frame's guess is dropped.
 
     Attributes:
         function: the frame's function (``File "...", line N, in FUNCTION``).
@@ -124,10 +131,11 @@ class Rule:
 
 def pattern(regex: str, message: str, *, layer: Layer | None = None, follow: int = 0,
             last: bool = False, only_with: str = "",
-            in_collective: tuple[str, str] | None = None, names_rank: bool = False) -> Pattern:
+            in_collective: tuple[str, str] | None = None, names_rank: bool = False,
+            in_child: tuple[str, str] | None = None) -> Pattern:
     """A :class:`Pattern` from its regex's text."""
     return Pattern(re.compile(regex), message, layer, follow, last, only_with, in_collective,
-                   names_rank)
+                   names_rank, in_child)
 
 
 def frame(function: str, source: str, message: str) -> Frame:

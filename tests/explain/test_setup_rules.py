@@ -1016,6 +1016,12 @@ ROUND24_LINES = [
     ("AttributeError: module 'torch.distributed' has no attribute 'init_process_group'",
      "BackendUnsupported"),
 ]
+ROUND25_LINES = [
+    # CUDA's error 3 in the main process: the driver (in a forked child: the test below)
+    ("RuntimeError: CUDA error: initialization error", "NoCudaDevice"),
+    ("RuntimeError: cuda runtime error (3) : initialization error at "
+     "/pytorch/aten/src/THC/generic/THCStorage.c:60", "NoCudaDevice"),
+]
 ROUND18_LINES = [
     # torch.load of a checkpoint another rank had not finished saving
     ("RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central "
@@ -1257,6 +1263,55 @@ def test_a_torch_without_distributed_is_not_the_jobs_code() -> None:
         == "ScriptException"
 
 
+FORKED_SET_DEVICE = """\
+Traceback (most recent call last):
+  File "/usr/lib/python3.7/multiprocessing/process.py", line 297, in _bootstrap
+    self.run()
+  File "/usr/lib/python3.7/multiprocessing/process.py", line 99, in run
+    self._target(*self._args, **self._kwargs)
+  File "dist_bug.py", line 5, in run
+    torch.cuda.set_device(rank)
+  File "/opt/torch/cuda/__init__.py", line 265, in set_device
+    torch._C._cuda_setDevice(device)
+"""
+
+
+def test_cuda_initialization_error_in_a_forked_process_is_cuda_before_the_fork() -> None:
+    """Error 3 raised in a process multiprocessing forked (its ``_bootstrap`` frame, or a
+    DataLoader worker's ``_worker_loop``) is CUDA initialised before the fork; the
+    set_device frame above it does not make it an index that is not there."""
+    text = FORKED_SET_DEVICE + ("RuntimeError: cuda runtime error (3) : initialization error "
+                                "at ../torch/csrc/cuda/Module.cpp:33\n")
+    assert reasons(text) == ["CudaInitBeforeFork"]
+    worker = ("RuntimeError: Caught RuntimeError in DataLoader worker process 0.\n"
+              "Original Traceback (most recent call last):\n"
+              '  File "/opt/torch/utils/data/_utils/worker.py", line 308, in _worker_loop\n'
+              "    data = fetcher.fetch(index)\n"
+              '  File "/job/data.py", line 12, in __getitem__\n'
+              "    x = x.cuda()\n"
+              "RuntimeError: CUDA error: initialization error\n")
+    assert reasons(worker)[0] == "CudaInitBeforeFork"
+    # the same words after the traceback of another process (no child frame) are the driver's
+    plain = ('  File "/job/train.py", line 3, in main\n    x = x.cuda()\n'
+             "RuntimeError: CUDA error: initialization error\n")
+    # (and the cut traceback above it keeps its own guess: those words are not its own)
+    assert sorted(reasons(FORKED_SET_DEVICE + "\n" * 8 + plain)) == ["InvalidDeviceOrdinal",
+                                                                    "NoCudaDevice"]
+
+
+def test_the_exception_words_outrank_the_frames_guess() -> None:
+    """A traceback through ``torch._C._cuda_setDevice`` cut there is an index that is not there
+    (the frame's guess); when its own exception line follows and another rule knows it, that
+    rule is the finding and the guess is dropped."""
+    assert reasons(FORKED_SET_DEVICE) == ["InvalidDeviceOrdinal"]
+    busy = FORKED_SET_DEVICE + ("RuntimeError: CUDA error: all CUDA-capable devices are busy or "
+                                "unavailable\n")
+    assert reasons(busy) == ["CudaDeviceBusy"]
+    # an exception line the rules know nothing of leaves the guess standing
+    odd = FORKED_SET_DEVICE + "RuntimeError: something no rule knows\n"
+    assert reasons(odd)[0] == "InvalidDeviceOrdinal"
+
+
 @pytest.mark.parametrize("tail", [" .It is expected", ". It is expected", " .", ""])
 def test_the_nccl_library_vllm_could_not_load_is_named_whole(tail: str) -> None:
     line = f"ERROR 04-22 15:53:32 pynccl.py:44] Failed to load NCCL library from libnccl.so.2{tail}"
@@ -1288,7 +1343,7 @@ ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_L
              + ROUND10_LINES + ROUND11_LINES + ROUND12_LINES + ROUND13_LINES
              + ROUND14_LINES + ROUND15_LINES + ROUND16_LINES + ROUND18_LINES + ROUND19_LINES
              + ROUND20_LINES + ROUND21_LINES + ROUND22_LINES + ROUND23_LINES
-             + ROUND24_LINES)
+             + ROUND24_LINES + ROUND25_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

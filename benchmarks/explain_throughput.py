@@ -6,7 +6,8 @@ warnings, and at the end a /dev/shm failure on rank 5 followed by watchdog timeo
 others. Then it classifies the file the way ``preflight explain`` does and prints MB/s, the
 peak RSS of the process (VmHWM) and the findings. Target: >= 50 MB/s, bounded memory.
 The candidate lines are found in one RE2 pass where google-re2 is installed (the ``re2``
-extra), else by one ``bytes.find`` pass per anchor; ``--no-re2`` measures the latter.
+extra), and a candidate line's pattern literals by one RE2 set search; else by one
+``bytes.find`` pass per anchor and one ``in`` test per literal; ``--no-re2`` measures the latter.
 On a machine shared with other work the wall-clock MB/s drops with the load; the MB per CPU
 second of the process is printed beside it (with the load average) for that case.
 
@@ -149,16 +150,18 @@ def main() -> int:
                     help="one row each for 8 and 8,192 ranks, both kinds")
     ap.add_argument("--dir", default=None, help="where to write the temporary log")
     ap.add_argument("--no-re2", action="store_true",
-                    help="find the candidate lines with one bytes.find pass per anchor even "
-                         "where google-re2 is installed (what a node without it gets)")
+                    help="find the candidate lines with one bytes.find pass per anchor, and "
+                         "a line's literals with one `in` test each, even where google-re2 is "
+                         "installed (what a node without it gets)")
     args = ap.parse_args()
-    from preflight.explain import blocks, classifier
+    from preflight.explain import blocks, classifier, matching
     if args.no_re2:
         classifier.SCAN = blocks.AnchorScan(classifier.SCAN.anchors, one_pass=False)
+        matching._SET = None
     size = parse_size(args.size)
     load = os.getloadavg()[0]
-    scan = ("one RE2 pass (google-re2)" if classifier.SCAN.one_pass
-            else "one bytes.find pass per anchor")
+    scan = ("one RE2 pass (google-re2), literals by one RE2 set" if classifier.SCAN.one_pass
+            else "one bytes.find pass per anchor, literals by one `in` test each")
     print(f"cpu: {os.cpu_count()} cores, load average {load:.1f}; python {sys.version.split()[0]}; "
           f"anchor scan: {scan}")
     print("| log size | kind | ranks | lines | time (s) | MB/s | CPU s | MB per CPU s "

@@ -14,10 +14,14 @@ from typing import Any
 
 from preflight.explain.ranks import MAX_MATCH_CHARS
 
-try:  # google-re2 (the ``re2`` extra): every anchor in one linear pass
-    import re2 as _re2
+#: google-re2 (the ``re2`` extra) where installed, else None: every anchor (matching.py: every
+#: literal of a candidate line) in one pass.
+RE2: Any
+try:
+    import re2 as _re2_module
+    RE2 = _re2_module
 except ImportError:  # pragma: no cover - exercised by forcing the fallback in tests
-    _re2 = None
+    RE2 = None
 
 #: Bytes one :class:`AnchorScan` search covers before the anchors are looked for one by one:
 #: the lines of a stretch with no anchor cost one pass, not one per anchor.
@@ -58,11 +62,11 @@ class AnchorScan:
     def __init__(self, anchors: Iterable[bytes], *, one_pass: bool = True) -> None:
         self.anchors = tuple(anchors)
         self._any: Any = None
-        if one_pass and _re2 is not None and self.anchors:
-            options = _re2.Options()
-            options.encoding = _re2.Options.Encoding.LATIN1  # bytes as they are, not UTF-8
+        if one_pass and RE2 is not None and self.anchors:
+            options = RE2.Options()
+            options.encoding = RE2.Options.Encoding.LATIN1  # bytes as they are, not UTF-8
             options.never_capture = True
-            self._any = _re2.compile(b"|".join(re.escape(a) for a in self.anchors), options)
+            self._any = RE2.compile(b"|".join(re.escape(a) for a in self.anchors), options)
 
     @property
     def one_pass(self) -> bool:

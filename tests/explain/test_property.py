@@ -109,6 +109,19 @@ def test_the_literal_pre_check_keeps_every_real_logs_matches() -> None:
         assert (fast and (fast[1], fast[2].span())) == (every and (every[1], every[2].span()))
 
 
+@settings(max_examples=300, deadline=None)
+@given(near)
+def test_the_re2_literal_set_finds_the_literals_the_in_tests_do(text: str) -> None:
+    """With google-re2 one set search over a line names the literals it holds; they are those
+    of one ``in`` test each (non-ASCII text, a lone surrogate)."""
+    from preflight.explain import matching
+
+    if matching._SET is None:
+        pytest.skip("google-re2 not installed (the re2 extra)")
+    for line in (text, text + "\udc80", "\u00e9" + text):
+        assert matching._held(line) == [ix for lit, ix in matching._LITERALS if lit in line]
+
+
 def _anchor_soup() -> st.SearchStrategy[bytes]:
     from preflight.explain.rules import ANCHORS
 

@@ -381,11 +381,9 @@ class Classifier:
         call passed it what it cannot take: that call is named), or raised it in torch's layers
         or optimizers, which only the model calls (``model_code``), frame of the job's or not."""
         rule = JOB_EXCEPTION_RULE
-        if self._last_frame is None or rule is None:
+        if self._last_frame is None or rule is None or not self._exception_line(line_no):
             return
-        at, file, no, function = self._last_frame
-        if not 0 < line_no - at <= EXCEPTION_SPAN:
-            return
+        _, file, no, function = self._last_frame
         parsed = exception(text)
         if parsed is None:
             return
@@ -435,10 +433,9 @@ class Classifier:
             if (first_said is not None and first_said[0] <= key) or not says_error(text):
                 return
         frame: tuple[str, int, str] | None = None
-        if cls is not None and self._last_frame is not None:
-            at, file, no, function = self._last_frame
-            if 0 < line_no - at <= EXCEPTION_SPAN:
-                frame = (file, int(no), function)
+        if cls is not None and self._last_frame is not None and self._exception_line(line_no):
+            _, file, no, function = self._last_frame
+            frame = (file, int(no), function)
         self._first[cls is not None] = (key, FirstError(
             Evidence(self._source, line_no, _cut(text)), cls, frame,
             frame is not None and installed_code(frame[0]), self._rank_of(text)))

@@ -23,8 +23,34 @@ from tests.slurmfakes import FakeSlurm, fake_slurm
 
 NODE = "gpu017"
 JOB = "4242"
-#: A uid nobody uses on a test machine: the job's user for the /dev/shm tests.
-JOB_UID = 54321
+
+
+def _unused_uid() -> int:
+    """A uid that owns no file in /dev/shm and runs no process: the job's user for the /dev/shm
+    tests. Derived from this run's pid, so two test runs that share /dev/shm (two checkouts
+    tested at once on one machine) do not count each other's files as the job's."""
+    def owner(path: str) -> int | None:
+        try:
+            return os.lstat(path).st_uid
+        except OSError:  # gone since it was listed
+            return None
+
+    def used(uid: int) -> bool:
+        try:
+            paths = [f"/proc/{n}" for n in os.listdir("/proc") if n.isdigit()]
+            paths += [e.path for e in os.scandir("/dev/shm")]
+        except OSError:
+            paths = []
+        return any(owner(p) == uid for p in paths)
+
+    uid = 50000 + os.getpid() % 10000
+    while used(uid):
+        uid = 50000 + (uid - 50000 + 7919) % 10000
+    return uid
+
+
+#: The job's user for the /dev/shm tests (see :func:`_unused_uid`).
+JOB_UID = _unused_uid()
 
 
 @pytest.fixture
@@ -147,7 +173,7 @@ def test_the_job_users_unheld_shm_files_are_removed_and_listed(
         rc, err = _epilog(tmp_path, cluster, topologies.healthy_8x_h100(), "--report-only",
                           env={"SLURM_JOB_UID": str(JOB_UID)})
         assert rc == 0 and all(f.exists() for f in shm_files)
-        assert "report-only: would remove 2 file(s) of uid 54321" in err
+        assert f"report-only: would remove 2 file(s) of uid {JOB_UID}" in err
         rc, err = _epilog(tmp_path, cluster, topologies.healthy_8x_h100(),
                           "--prom-file", str(prom), env={"SLURM_JOB_UID": str(JOB_UID)})
     finally:

@@ -88,12 +88,6 @@ _FIRST: tuple[Rule, ...] = (
                "the script reads {var} from the environment but the launcher did not set it"),
             # the raising line of torch.distributed.rendezvous, when the traceback was cut
             # before the ValueError itself
-            # torch.distributed.launch passes --local-rank=N (torch >= 2.0; --local_rank before)
-            # to a script whose argparse does not take that spelling
-            _p(r"unrecognized arguments: (?P<arg>--local[-_]rank)",
-               "the script does not accept the {arg} argument torch.distributed.launch passes "
-               "(torch >= 2.0 spells it --local-rank): read LOCAL_RANK from the environment or "
-               "accept both spellings"),
             _p(r"(?:_env_error|_get_env_or_raise)\(\s{0,4}[\"'](?P<var>[A-Z_]{2,40})[\"']\)",
                "the launcher variable {var} is not set (env:// rendezvous; from the "
                "traceback's raising line)"),
@@ -179,6 +173,13 @@ _FIRST: tuple[Rule, ...] = (
                "NCCL's socket transport found no interface to use"),
             _p(r"Unable to find address for:? (?P<ifname>\S{1,64})",
                "gloo found no address for interface {ifname} (GLOO_SOCKET_IFNAME)"),
+            # gloo without GLOO_SOCKET_IFNAME takes the address the host's name resolves to and
+            # looks for the interface that holds it: none does when /etc/hosts or DNS gives
+            # the name another host's (or a bogus) address
+            _p(r"Unable to find interface for:? \[?(?P<addr>[0-9A-Fa-f.:]{1,64})\]?",
+               "gloo found no interface of this host that holds {addr}, the address this "
+               "host's name resolves to: set GLOO_SOCKET_IFNAME to the data NIC, or make the "
+               "host name resolve to one of this host's addresses (/etc/hosts, `hostname -i`)"),
             # Transformer Engine's userbuffers take the interface from NVTE_UB_SOCKET_IFNAME,
             # NCCL_SOCKET_IFNAME or GLOO_SOCKET_IFNAME as an exact name, not NCCL's prefix
             _p(r"Invalid network interface: (?P<ifname>[\w.:@-]{1,64})",
@@ -836,6 +837,9 @@ ANCHORS: tuple[bytes, ...] = (
     # (Slurm's oom-kill and CANCELLED lines and subprocess's "<Signals." come with "error")
     b'", line ', b"Kill", b"return code", b"CPU Virtual Memory", b"terminated with",
     b"GPU is lost", b"SMI has failed", b"low on resource",
+    # NCCL's own line for two ranks on one GPU, often pasted alone; the shells' and C
+    # libraries' words for the open-files limit ("accept: Too many open files")
+    b"Duplicate GPU", b"any open files",
     # lines of a failure that hold none of the words above (each anchor is a pass over every
     # block, about 2 % of the time: a phrasing seen once is not worth one)
     b"ommand not found", b"Assertion `", b"did not receive grad",

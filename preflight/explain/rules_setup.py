@@ -190,6 +190,10 @@ SETUP_RULES: tuple[Rule, ...] = (
             _p(r"Default process group has not been initialized|Default process group is not "
                r"initialized",
                "a torch.distributed call ran before init_process_group"),
+            # torch.distributed.rpc's own agent, which init_rpc starts
+            _p(r"RPC has not been initialized",
+               "a torch.distributed.rpc call ran before `rpc.init_rpc(name, rank=..., "
+               "world_size=...)` in this process"),
         ),
         "ValueError: Default process group has not been initialized, please make sure to call "
         "init_process_group.",
@@ -469,6 +473,27 @@ SETUP_RULES: tuple[Rule, ...] = (
         progress=False,
     ),
     Rule(
+        "TooManyOpenFiles", Layer.ENVIRONMENT, ORIGIN,
+        "a process ran out of file descriptors (its open-files limit, `ulimit -n`, often 1024): "
+        "raise it for the job (`ulimit -n 65536` in the launch script; Docker `--ulimit "
+        "nofile=65536:65536`; a systemd service's LimitNOFILE=; Slurm passes the submitting "
+        "shell's limit, PropagateResourceLimits), or let DataLoader workers share tensors "
+        "through files instead of one descriptor each: "
+        "`torch.multiprocessing.set_sharing_strategy('file_system')`",
+        (
+            _p(r"\[Errno 24\] Too many open files",
+               "a process hit its open-files limit (EMFILE)"),
+            # torch's DataLoader: a worker's tensor arrives as a file descriptor over a Unix
+            # socket, and none can be received once the limit is reached
+            _p(r"received 0 items of ancdata",
+               "a DataLoader worker's tensor could not be passed to the main process: its file "
+               "descriptor did not fit under the open-files limit"),
+            _p(r"Too many open files", "a process hit its open-files limit"),
+        ),
+        "OSError: [Errno 24] Too many open files",
+        progress=False,
+    ),
+    Rule(
         "ScriptException", Layer.MODEL, ORIGIN,
         "the job's own Python code raised it: read the traceback's last frame of the job's own "
         "file (the file and line named) and fix the script or its input (a path or dataset "
@@ -598,6 +623,12 @@ SETUP_RULES: tuple[Rule, ...] = (
                r"this architecture",
                "the installed transformers does not know the model type {type} (too old for "
                "the checkpoint, or a custom model that needs trust_remote_code=True)"),
+            # torch.distributed.launch passes --local-rank=N (torch >= 2.0; --local_rank before)
+            # to a script whose own argparse does not take that spelling: the script's words
+            _p(r"unrecognized arguments: (?P<arg>--local[-_]rank)",
+               "the script does not accept the {arg} argument torch.distributed.launch passes "
+               "(torch >= 2.0 spells it --local-rank): launch it with torchrun and read "
+               "LOCAL_RANK from the environment, or accept both spellings"),
             # the job's own script's argument parser (argparse: "train.py: error: ...") refused
             # the command line every rank was given; not torch.distributed.launch's or
             # torchrun's own parser (launch.py, run.py with its training_script, a launcher

@@ -40,6 +40,19 @@ def test_the_detail_is_found_across_block_edges(block: int) -> None:
 
 
 def test_a_detail_far_from_any_last_error_is_not_taken() -> None:
+    """A detail line that holds no anchor word is read only near a "Last error:"."""
+    detail = "[rank0]: Bootstrap : no socket interface found\n"
+    near = classify_texts([("job.log", HEAD + detail)])
+    assert [f.reason for f in near.findings] == ["NoSocketInterface", "NcclSystemError"]
     filler = "".join(f"[rank1]: step {i}\n" for i in range(10))
-    expl = classify_texts([("job.log", HEAD + filler + DETAIL)])
+    expl = classify_texts([("job.log", HEAD + filler + detail)])
     assert [f.reason for f in expl.findings] == ["NcclSystemError"]
+
+
+def test_duplicate_gpu_is_read_on_its_own_line() -> None:
+    """NCCL's words for two ranks on one GPU name the cause wherever they are (they are
+    often pasted alone)."""
+    filler = "".join(f"[rank1]: step {i}\n" for i in range(10))
+    for text in (DETAIL, HEAD + filler + DETAIL):
+        expl = classify_texts([("job.log", text)])
+        assert [f.reason for f in expl.findings][:1] == ["DuplicateGpu"]

@@ -225,7 +225,7 @@ PROGRAM_LINES += [
 ]
 #: Lines of the older rules' new patterns, as their programs print them.
 MORE_LINES = [
-    ("train.py: error: unrecognized arguments: --local-rank=0", "MissingLauncherEnv"),
+    ("train.py: error: unrecognized arguments: --local-rank=0", "ScriptException"),
     ("RuntimeError: module must have its parameters and buffers on device cuda:0 "
      "(device_ids[0]) but found one of them on device: cuda:1", "DeviceMismatch"),
     ("ValueError: DistributedDataParallel device_ids and output_device arguments only work with "
@@ -1022,6 +1022,23 @@ ROUND25_LINES = [
     ("RuntimeError: cuda runtime error (3) : initialization error at "
      "/pytorch/aten/src/THC/generic/THCStorage.c:60", "NoCudaDevice"),
 ]
+ROUND26_LINES = [
+    # NCCL's line for two ranks on one GPU, pasted alone (no word of an error beside it)
+    ("Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 1a000", "DuplicateGpu"),
+    # gloo without GLOO_SOCKET_IFNAME: the host's name resolves to an address no NIC holds
+    ("RuntimeError: [enforce fail at ../third_party/gloo/gloo/transport/tcp/device.cc:208] "
+     "ifa != nullptr. Unable to find interface for: [0.0.8.34]", "NoSocketInterface"),
+    # torch.distributed.rpc used before init_rpc
+    ("RuntimeError: RPC has not been initialized. Call init_rpc(name) first.",
+     "ProcessGroupNotInitialized"),
+    # the open-files limit: Python's errno, a DataLoader worker's descriptor, a C library's
+    ("OSError: [Errno 24] Too many open files", "TooManyOpenFiles"),
+    ("RuntimeError: received 0 items of ancdata", "TooManyOpenFiles"),
+    ("accept: Too many open files", "TooManyOpenFiles"),
+    # torch.distributed.launch's --local-rank refused by the job's own argparse (no script
+    # name before it: a launcher's prefix cut it)
+    ("error: unrecognized arguments: --local_rank=1", "ScriptException"),
+]
 ROUND18_LINES = [
     # torch.load of a checkpoint another rank had not finished saving
     ("RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central "
@@ -1343,7 +1360,7 @@ ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_L
              + ROUND10_LINES + ROUND11_LINES + ROUND12_LINES + ROUND13_LINES
              + ROUND14_LINES + ROUND15_LINES + ROUND16_LINES + ROUND18_LINES + ROUND19_LINES
              + ROUND20_LINES + ROUND21_LINES + ROUND22_LINES + ROUND23_LINES
-             + ROUND24_LINES + ROUND25_LINES)
+             + ROUND24_LINES + ROUND25_LINES + ROUND26_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

@@ -90,6 +90,16 @@ class AnchorScan:
         return out
 
 
+def every_start(block: bytes) -> list[int]:
+    """Start offsets of every line of ``block`` (a block ends with a newline)."""
+    out = [0]
+    i = block.find(b"\n")
+    while 0 <= i < len(block) - 1:
+        out.append(i + 1)
+        i = block.find(b"\n", i + 1)
+    return out
+
+
 def lines_from(block: bytes, pos: int, n: int) -> tuple[list[tuple[int, str]], int]:
     """Up to ``n`` lines from offset ``pos``: ``[(offset, text)]`` and how many the block
     lacked (they are in the next block)."""

@@ -16,7 +16,14 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from preflight.explain.blocks import AnchorScan, decode, last_lines, lines_above, lines_from
+from preflight.explain.blocks import (
+    AnchorScan,
+    decode,
+    every_start,
+    last_lines,
+    lines_above,
+    lines_from,
+)
 from preflight.explain.facts import HOOKS, MAX_RANKS, Acc, LogFacts, tier_of
 from preflight.explain.matching import (
     FRAMES,
@@ -73,6 +80,11 @@ EXCEPTION_SPAN = 4
 FRAME_GAP = 4
 #: The candidate lines of a block: those holding an anchor.
 SCAN = AnchorScan(ANCHORS)
+#: A log of at most this many bytes in which no anchor line names a cause is read again with
+#: every line a candidate (:func:`reread`): a pasted error message often lacks every anchor
+#: word (NCCL's ``Duplicate GPU detected`` alone, ``Expected object of backend CUDA but got
+#: backend CPU`` without its ``RuntimeError:``). A job's log that big is never read twice.
+REREAD_BYTES = 64 << 10
 _FILE_RANK = re.compile(r"(?:rank[_-]?|attempt_\d{1,5}/)(\d{1,7})(?:\D|$)")
 
 
@@ -96,8 +108,10 @@ class _Frame:
 class Classifier:
     """Feed it log blocks (``begin`` a source, ``feed`` its blocks), then ``finish``."""
 
-    def __init__(self, *, max_evidence: int = MAX_EVIDENCE) -> None:
+    def __init__(self, *, max_evidence: int = MAX_EVIDENCE, every_line: bool = False) -> None:
         self.max_evidence = max_evidence
+        #: Every line a candidate, not only those holding an anchor (:func:`reread`).
+        self.every_line = every_line
         self._acc: dict[str, Acc] = {}
         self._sources: list[str] = []
         self._source = ""
@@ -171,7 +185,7 @@ class Classifier:
         if not self._sources:
             self.begin("-")
         self._bytes += len(block)
-        starts = SCAN.starts(block)
+        starts = every_start(block) if self.every_line else SCAN.starts(block)
         visited = set(starts)
         self._carry_over(block, visited)
         line_no = self._base
@@ -562,13 +576,53 @@ class Classifier:
                          tuple(acc.evidence), ranks, acc.count, details)
 
 
+class Kept:
+    """The blocks of the logs read, kept while they add up to at most ``REREAD_BYTES``."""
+
+    def __init__(self) -> None:
+        self.logs: list[tuple[str, list[bytes]]] | None = []
+        self._bytes = 0
+
+    def begin(self, source: str) -> None:
+        if self.logs is not None:
+            self.logs.append((source, []))
+
+    def add(self, block: bytes) -> None:
+        if self.logs is None:
+            return
+        self._bytes += len(block)
+        if self._bytes > REREAD_BYTES:
+            self.logs = None  # too big to read twice
+        else:
+            self.logs[-1][1].append(block)
+
+
+def reread(expl: Explanation, kept: Kept) -> Explanation:
+    """``expl`` again with every line of the logs a candidate, where it found nothing and the
+    logs were small enough to keep (``REREAD_BYTES``); else ``expl`` itself."""
+    if expl.findings or kept.logs is None or not kept.logs:
+        return expl
+    c = Classifier(every_line=True)
+    for name, blocks in kept.logs:
+        c.begin(name)
+        for block in blocks:
+            c.feed(block)
+    again = c.finish()
+    return again if again.findings else expl
+
+
 def classify_texts(texts: Iterable[tuple[str, str]]) -> Explanation:
     """Classify ``(source name, text)`` pairs held in memory (tests, small inputs)."""
     c = Classifier()
+    kept = Kept()
     for name, text in texts:
         c.begin(name)
-        c.feed_text(text)
-    return c.finish()
+        kept.begin(name)
+        data = (text if not text or text.endswith("\n") else text + "\n").encode(
+            "utf-8", errors="replace")
+        c.feed(data)
+        kept.add(data)
+    return reread(c.finish(), kept)
 
 
-__all__ = ["BY_REASON", "Classifier", "Detail", "classify_texts"]
+__all__ = ["BY_REASON", "Classifier", "Detail", "Kept", "classify_texts", "reread"]

@@ -454,6 +454,13 @@ SETUP_RULES: tuple[Rule, ...] = (
                r"accelerate|mpirun|mpiexec): not found",
                "the shell found no command {cmd} on PATH (under sudo the environment's PATH is "
                "reset)"),
+            # Ubuntu's command-not-found hook, old and new wording
+            _p(r"The program '(?P<cmd>srun|sbatch|salloc|torchrun|deepspeed|accelerate|mpirun|"
+               r"mpiexec)' is currently not installed",
+               "the command {cmd} is not installed on this node"),
+            _p(r"Command '(?P<cmd>srun|sbatch|salloc|torchrun|deepspeed|accelerate|mpirun|"
+               r"mpiexec)' not found",
+               "the command {cmd} is not installed on this node"),
         ),
         "bash: srun: command not found",
         progress=False,

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 
-from preflight.explain.classifier import Classifier
+from preflight.explain.classifier import Classifier, Kept, reread
 from preflight.explain.decode import Prefixed, Unreadable, open_log
 from preflight.explain.flightrec import (
     MAX_DUMP_BYTES,
@@ -60,6 +60,7 @@ def explain_streams(streams: Iterable[tuple[str, BinaryIO]], *,
                     notes: Iterable[str] = ()) -> Explanation:
     """Classify ``(name, binary stream)`` pairs, streaming, in bounded memory."""
     c = Classifier()
+    kept = Kept()
     dumps: list[RankDump] = []
     unread: list[tuple[str, str]] = []
     for name, stream in streams:
@@ -81,13 +82,15 @@ def explain_streams(streams: Iterable[tuple[str, BinaryIO]], *,
                     c.facts.see(dumps[-1].rank)
                     continue
             c.begin(name)
+            kept.begin(name)
             for block in iter_blocks(text):
                 c.feed(block)
+                kept.add(block)
         except (Unreadable, DumpRefused) as exc:
             unread.append((name, str(exc)))
     fr_findings, fr_notes = analyse(dumps)
     c.add_external(fr_findings)
-    expl = c.finish()
+    expl = c.finish() if dumps else reread(c.finish(), kept)
     return replace(expl, notes=(*notes, *expl.notes, *fr_notes), unread=tuple(unread))
 
 

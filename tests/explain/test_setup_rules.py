@@ -1039,6 +1039,16 @@ ROUND26_LINES = [
     # name before it: a launcher's prefix cut it)
     ("error: unrecognized arguments: --local_rank=1", "ScriptException"),
 ]
+#: Lines with no anchor word, read because the paste is short (classifier.reread).
+REREAD_LINES = [
+    ("The program 'srun' is currently not installed. To run 'srun' please ask your "
+     "administrator to install the package 'slurm-client'", "LauncherNotFound"),
+    ("Command 'torchrun' not found, but can be installed with:", "LauncherNotFound"),
+    ("CUDA driver version is insufficient for CUDA runtime version at "
+     "horovod/torch/cuda_util.cc:32", "CudaDriverMismatch"),
+    ("Multiple cuda devices need to be configured to run distributed training.",
+     "ScriptException"),
+]
 ROUND18_LINES = [
     # torch.load of a checkpoint another rank had not finished saving
     ("RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central "
@@ -1101,9 +1111,13 @@ def test_a_continued_message_split_across_blocks_is_read_the_same() -> None:
 
 
 def test_only_a_message_that_ends_in_a_colon_reads_the_next_line() -> None:
-    """The line after a complete exception message is not taken as part of it."""
+    """The line after a complete exception message is not taken as part of it (one pass of
+    the classifier: a paste this short is then read again line by line, classifier.reread)."""
     text = CONTINUED.replace("following error:", "following error.")
-    assert reasons(text) != ["MissingPackage"]
+    c = Classifier()
+    c.begin("job.log")
+    c.feed_text(text)
+    assert [f.reason for f in c.finish().findings] != ["MissingPackage"]
 
 
 #: A traceback pasted from below the job's own frame (a fresh corpus' thread): only the code
@@ -1360,7 +1374,7 @@ ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_L
              + ROUND10_LINES + ROUND11_LINES + ROUND12_LINES + ROUND13_LINES
              + ROUND14_LINES + ROUND15_LINES + ROUND16_LINES + ROUND18_LINES + ROUND19_LINES
              + ROUND20_LINES + ROUND21_LINES + ROUND22_LINES + ROUND23_LINES
-             + ROUND24_LINES + ROUND25_LINES + ROUND26_LINES)
+             + ROUND24_LINES + ROUND25_LINES + ROUND26_LINES + REREAD_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

@@ -840,6 +840,9 @@ ANCHORS: tuple[bytes, ...] = (
     # NCCL's own line for two ranks on one GPU, often pasted alone; the shells' and C
     # libraries' words for the open-files limit ("accept: Too many open files")
     b"Duplicate GPU", b"any open files",
+    # pdsh's and ssh's words for a node the launcher could not log in to
+    b"ssh exited with", b"Permission denied (publickey", b"verification failed",
+    b"ssh: connect to host", b"ssh: Could not resolve",
     # lines of a failure that hold none of the words above (each anchor is a pass over every
     # block, about 2 % of the time: a phrasing seen once is not worth one)
     b"ommand not found", b"Assertion `", b"did not receive grad",

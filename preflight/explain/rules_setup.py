@@ -436,6 +436,36 @@ SETUP_RULES: tuple[Rule, ...] = (
         progress=False,
     ),
     Rule(
+        "SshLaunchFailed", Layer.ENVIRONMENT, ORIGIN,
+        "the launcher (DeepSpeed's runner, pdsh, mpirun) could not start the job on another node "
+        "over ssh: from the launching node, as the job's user, `ssh -o "
+        "PasswordAuthentication=no HOST hostname` must print the host's name without a prompt: "
+        "install a key (`ssh-copy-id HOST`), accept the host's key once (known_hosts), check "
+        "that each name in the hostfile resolves and answers on the ssh port (sshd running in "
+        "the container?); or start one launcher per node instead (torchrun on each node, or srun)",
+        (
+            # DeepSpeed's runner checks every host of the hostfile before it starts anything
+            _p(r"Command 'ssh -o PasswordAuthentication=no (?P<host>[\w.:@-]{1,100})"
+               r"(?: -p \d{1,5})? hostname' returned non-zero exit status (?P<rc>\d{1,3})",
+               "the launcher could not log in to {host} over ssh without a password (ssh exit "
+               "status {rc})"),
+            # 255 is ssh's own failure; any other code is the remote command's, passed on
+            _p(r"pdsh@[\w.-]{1,100}: (?P<host>[\w.-]{1,100}): ssh exited with exit code 255",
+               "pdsh could not log in to {host} over ssh (ssh's own exit code 255)"),
+            _p(r"(?:^|\s)(?:[\w.-]{1,64}@)?(?P<host>[\w.-]{1,100}): (?:Permission denied "
+               r"\(publickey|Host key verification failed)",
+               "ssh to {host} was refused (no key it accepts, or a host key not yet trusted)"),
+            _p(r"ssh: connect to host (?P<host>[\w.:-]{1,100}) port (?P<port>\d{1,5}): "
+               r"(?P<why>Connection refused|No route to host|Connection timed out)",
+               "ssh could not reach {host} on port {port}: {why}"),
+            _p(r"ssh: Could not resolve hostname (?P<host>[\w.-]{1,100})",
+               "ssh could not resolve the host name {host} (hostfile or /etc/hosts)"),
+        ),
+        "subprocess.CalledProcessError: Command 'ssh -o PasswordAuthentication=no node02 "
+        "hostname' returned non-zero exit status 255.",
+        progress=False,
+    ),
+    Rule(
         "LauncherNotFound", Layer.ENVIRONMENT, ORIGIN,
         "the launcher the job calls is not installed or not on PATH here: install it (Slurm's "
         "`srun` comes with the slurm client, and only works inside an allocation), activate "
@@ -630,6 +660,20 @@ SETUP_RULES: tuple[Rule, ...] = (
                r"this architecture",
                "the installed transformers does not know the model type {type} (too old for "
                "the checkpoint, or a custom model that needs trust_remote_code=True)"),
+            # webdataset refuses a pipeline that would give every node the same shards
+            _p(r"you need to add an explicit nodesplitter to your input pipeline|input pipeline "
+               r"needs to be reconfigured for multinode training",
+               "the job's webdataset pipeline does not split its shards between the nodes: "
+               "pass `nodesplitter=wds.split_by_node` (and `workersplitter=wds.split_by_worker`) "
+               "to WebDataset, or `wds.split_by_node` as a pipeline stage"),
+            # autograd's check that a tensor it saved for backward was not changed in place
+            _p(r"one of the variables needed for gradient computation has been modified by an "
+               r"inplace operation",
+               "a tensor autograd saved for backward was changed in place before backward() "
+               "(an in-place op in the model, `x += ...`, `relu(inplace=True)`; under DDP also "
+               "BatchNorm's buffers broadcast by a second forward before the backward: "
+               "`broadcast_buffers=False` or SyncBatchNorm); "
+               "`torch.autograd.set_detect_anomaly(True)` names the op"),
             # torch.distributed.launch passes --local-rank=N (torch >= 2.0; --local_rank before)
             # to a script whose own argparse does not take that spelling: the script's words
             _p(r"unrecognized arguments: (?P<arg>--local[-_]rank)",

@@ -1039,6 +1039,26 @@ ROUND26_LINES = [
     # name before it: a launcher's prefix cut it)
     ("error: unrecognized arguments: --local_rank=1", "ScriptException"),
 ]
+ROUND27_LINES = [
+    # DeepSpeed's runner checks each host of its hostfile over ssh before it starts
+    ("subprocess.CalledProcessError: Command 'ssh -o PasswordAuthentication=no 192.168.3.100 "
+     "hostname' returned non-zero exit status 255.", "SshLaunchFailed"),
+    # pdsh (DeepSpeed's multi-node launcher) and ssh's own words
+    ("pdsh@node01: node02: ssh exited with exit code 255", "SshLaunchFailed"),
+    ("node02: root@node02: Permission denied (publickey,password).", "SshLaunchFailed"),
+    ("node02: Host key verification failed.", "SshLaunchFailed"),
+    ("ssh: connect to host node02 port 22: Connection refused", "SshLaunchFailed"),
+    ("ssh: Could not resolve hostname node02: Name or service not known", "SshLaunchFailed"),
+    # webdataset's check for a pipeline that gives every node the same shards
+    ("ValueError: you need to add an explicit nodesplitter to your input pipeline for "
+     "multi-node training", "ScriptException"),
+    ("ValueError: input pipeline needs to be reconfigured for multinode training",
+     "ScriptException"),
+    # autograd's check of a saved tensor changed in place
+    ("RuntimeError: one of the variables needed for gradient computation has been modified by "
+     "an inplace operation: [torch.cuda.FloatTensor [512]] is at version 4; expected version 3 "
+     "instead.", "ScriptException"),
+]
 #: Lines with no anchor word, read because the paste is short (classifier.reread).
 REREAD_LINES = [
     ("The program 'srun' is currently not installed. To run 'srun' please ask your "
@@ -1374,7 +1394,8 @@ ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_L
              + ROUND10_LINES + ROUND11_LINES + ROUND12_LINES + ROUND13_LINES
              + ROUND14_LINES + ROUND15_LINES + ROUND16_LINES + ROUND18_LINES + ROUND19_LINES
              + ROUND20_LINES + ROUND21_LINES + ROUND22_LINES + ROUND23_LINES
-             + ROUND24_LINES + ROUND25_LINES + ROUND26_LINES + REREAD_LINES)
+             + ROUND24_LINES + ROUND25_LINES + ROUND26_LINES + REREAD_LINES
+             + ROUND27_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])
@@ -1403,3 +1424,9 @@ def test_an_exception_class_is_not_read_as_a_prefix() -> None:
     ValueError behind a host name."""
     log = _traceback(JOB, LIB, last="RuntimeError: ValueError: wrapped")
     assert reasons(log) == []
+
+
+def test_a_remote_commands_exit_code_passed_on_by_pdsh_is_not_an_ssh_failure() -> None:
+    """ssh exits 255 for its own failure; any other code is the remote command's own (a rank
+    that failed on that node), which pdsh only passes on."""
+    assert "SshLaunchFailed" not in reasons("pdsh@node01: node02: ssh exited with exit code 1\n")

@@ -312,6 +312,8 @@ def _taken_as(cls: str) -> str:
 
 def exception(text: str) -> tuple[str, str] | None:
     """``(class without its module, message)`` of a traceback's exception line, else None."""
+    if "Error" not in text:  # every class the pattern takes ends in it: skip the search
+        return None
     m = _EXCEPTION_LINE.search(text, 0, MAX_MATCH_CHARS)
     if m is None:
         return None
@@ -349,6 +351,8 @@ def exception_line(text: str) -> str | None:
 
 def says_error(text: str) -> bool:
     """True for a line that reports an error in words (``error: ...``), not a traceback's."""
+    if "rror:" not in text and "RROR:" not in text and ": line " not in text:
+        return False  # none of _ERROR_SAID's literals: skip the search
     return (_ERROR_SAID.search(text, 0, MAX_MATCH_CHARS) is not None
             and _WRAPPER_SAID.search(text, 0, MAX_MATCH_CHARS) is None
             and _C10_WARNING.match(text) is None)

@@ -133,6 +133,12 @@ _FIRST: tuple[Rule, ...] = (
             _p(r"device >= 0 && device < num_gpus INTERNAL ASSERT FAILED[^\n]{0,300}?"
                r"device=(?P<dev>\d{1,4}), num_gpus=(?P<n>\d{1,4})",
                "a process asked for CUDA device {dev} and sees {n} GPU(s)"),
+            # Lightning's (and Fabric's) own check of the devices asked for against the visible
+            # ones: "You requested gpu: [0, 1]\n But your machine only has: [0]"
+            _p(r"You requested (?:gpus?|GPUs?|devices?): ?(?P<asked>\[[\d, ]{1,80}\])",
+               "the job asked Lightning for GPUs {asked} and this process sees fewer (a launch "
+               "script or CUDA_VISIBLE_DEVICES narrows them, or the node has fewer)",
+               follow=1),
         ),
         "RuntimeError: CUDA error: invalid device ordinal",
         frames=(
@@ -326,6 +332,20 @@ _FIRST: tuple[Rule, ...] = (
         (
             _p(r"Expected all tensors to be on the same device",
                "an op got tensors on different devices"),
+            # FSDP's and DDP's check that the module they wrap lives on one device: part of the
+            # model is still on the CPU (or on another GPU) when it is wrapped
+            _p(r"FSDP only supports single device modules,? but got params on (?P<devs>\{[^\n]"
+               r"{1,200}?\})",
+               "FSDP was given a module whose parameters are on several devices {devs}: move the "
+               "whole model to the rank's GPU (or pass device_id) before wrapping it"),
+            _p(r"must be on the same type of devices, but input module parameters locate in "
+               r"(?P<devs>\{[^\n]{1,200}?\})",
+               "DDP was given a module whose parameters are on several kinds of device {devs}"),
+            _p(r"only work with single-device/multiple-device GPU modules or CPU modules, but got "
+               r"device_ids (?P<ids>\[[^\]\n]{0,40}\])[^\n]{0,80}?module parameters "
+               r"(?P<devs>\{[^\n]{1,200}?\})",
+               "DDP was given device_ids {ids} for a module whose parameters are on {devs}: move "
+               "the model to the rank's GPU before wrapping it"),
             _p(r"expected input to be on (?P<want>cuda|cpu)\b",
                "an op expected its input on {want} and got it elsewhere"),
             # torch 1.x's words for the same
@@ -862,6 +882,9 @@ ANCHORS: tuple[bytes, ...] = (
     # a logger's ERROR level ("ERROR 04-22 15:53:32 pynccl.py:44] Failed to load NCCL library
     # ..."), whose words may hold none of the above
     b"ERROR",
+    # a library's exception class named ...Exception, not ...Error (Lightning's
+    # "MisconfigurationException: You requested gpu: [0, 1]"): an exception line by its form
+    b"xception: ",
 )
 
 BY_REASON: dict[str, Rule] = {r.reason: r for r in RULES}

@@ -194,6 +194,18 @@ SETUP_RULES: tuple[Rule, ...] = (
             _p(r"RPC has not been initialized",
                "a torch.distributed.rpc call ran before `rpc.init_rpc(name, rank=..., "
                "world_size=...)` in this process"),
+            # DeepSpeed's own communication layer (deepspeed.comm): since 0.6 deepspeed.initialize
+            # expects the job to have called deepspeed.init_distributed() (or to be launched so
+            # that it does)
+            _p(r"DeepSpeed backend not set, please initiali[sz]e it using init_process_group",
+               "a deepspeed.comm call ran before DeepSpeed's process group was set up: call "
+               "`deepspeed.init_distributed()` first (DeepSpeed 0.6 and later no longer do it "
+               "for a job that sets up torch.distributed its own way)"),
+            # Megatron's parallel state: its groups are made by initialize_model_parallel
+            _p(r"(?P<group>data|tensor model|pipeline model|pipeline_model|model|context|expert "
+               r"model) parallel group is not initiali[sz]ed",
+               "Megatron's {group} parallel group was used before "
+               "`initialize_model_parallel(...)` (after init_process_group) in this process"),
         ),
         "ValueError: Default process group has not been initialized, please make sure to call "
         "init_process_group.",
@@ -366,6 +378,13 @@ SETUP_RULES: tuple[Rule, ...] = (
                "the {backend} backend does not support an argument it was given"),
             _p(r"ProcessGroup(?P<backend>NCCL|Gloo|MPI|UCC) does not support (?P<op>\w{1,40})",
                "the {backend} backend does not support {op}"),
+            # UCC's own status for a collective it has no algorithm for (UCC_ERR_NOT_SUPPORTED;
+            # its UCP transport has no collectives on CPU tensors of some kinds)
+            _p(r"ProcessGroup(?P<backend>UCC|MPI)[^\n]{0,200}?failed to init collective, error "
+               r"code -?\d{1,4}: Operation is not supported",
+               "the {backend} backend has no way to run this collective on these tensors "
+               "(UCC's 'Operation is not supported': for CPU tensors use gloo, or CUDA tensors "
+               "with UCC's CUDA transport)"),
             _p(r"Backend (?P<backend>\w{1,20}) does not support (?P<op>\w{1,40})",
                "the {backend} backend does not support {op}"),
             # ProcessGroupGloo's words for a collective it lacks (torch 1.x-2.x)

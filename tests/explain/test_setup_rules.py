@@ -1059,6 +1059,43 @@ ROUND27_LINES = [
      "an inplace operation: [torch.cuda.FloatTensor [512]] is at version 4; expected version 3 "
      "instead.", "ScriptException"),
 ]
+ROUND28_LINES = [
+    # UCC's status for a collective it has no algorithm for (CPU tensors on its UCP transport)
+    ("RuntimeError: [/opt/pytorch/torch/csrc/distributed/c10d/ProcessGroupUCC.cpp:463] [Rank 0]"
+     "[ProcessGroupUCC-0][READY]failed to init collective, error code -1: Operation is not "
+     "supported, system error code 11", "BackendUnsupported"),
+    # Lightning's check of the GPUs asked for against the visible ones (two lines)
+    ("lightning_fabric.utilities.exceptions.MisconfigurationException: You requested gpu: "
+     "[0, 1, 2, 3]\n But your machine only has: [0, 1]", "InvalidDeviceOrdinal"),
+    ("pytorch_lightning.utilities.exceptions.MisconfigurationException: You requested GPUs: "
+     "[1]\n But your machine only has: [0]", "InvalidDeviceOrdinal"),
+    # deepspeed.comm used before deepspeed.init_distributed()
+    ("AssertionError: DeepSpeed backend not set, please initialize it using "
+     "init_process_group()", "ProcessGroupNotInitialized"),
+    # Megatron's parallel state used before initialize_model_parallel
+    ("AssertionError: data parallel group is not initialized", "ProcessGroupNotInitialized"),
+    ("AssertionError: pipeline_model parallel group is not initialized",
+     "ProcessGroupNotInitialized"),
+    # FSDP's and DDP's check that the wrapped module is on one device
+    ("RuntimeError: FSDP only supports single device modules but got params on "
+     "{device(type='cuda', index=3), device(type='cpu')}", "DeviceMismatch"),
+    ("AssertionError: DistributedDataParallel's input module must be on the same type of "
+     "devices, but input module parameters locate in {'cuda', 'cpu'}.", "DeviceMismatch"),
+    ("ValueError: DistributedDataParallel device_ids and output_device arguments only work with "
+     "single-device/multiple-device GPU modules or CPU modules, but got device_ids [1], "
+     "output_device 1, and module parameters {device(type='cpu')}.", "DeviceMismatch"),
+]
+
+
+@pytest.mark.parametrize(("line", "reason"), ROUND28_LINES, ids=[r for _, r in ROUND28_LINES])
+def test_a_librarys_own_words_are_found_in_a_long_log(line: str, reason: str) -> None:
+    """Past the short paste read line by line, the line is found by its anchor."""
+    steps = "".join(f"[rank0]: step {i} loss 2.{i % 97:02d} lr 3e-4 grad_norm 0.91\n"
+                    for i in range(2000))
+    assert len(steps) > 64 * 1024
+    assert reasons(steps + line + "\n" + steps[:4000])[:1] == [reason]
+
+
 #: Lines with no anchor word, read because the paste is short (classifier.reread).
 REREAD_LINES = [
     ("The program 'srun' is currently not installed. To run 'srun' please ask your "
@@ -1395,7 +1432,7 @@ ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_L
              + ROUND14_LINES + ROUND15_LINES + ROUND16_LINES + ROUND18_LINES + ROUND19_LINES
              + ROUND20_LINES + ROUND21_LINES + ROUND22_LINES + ROUND23_LINES
              + ROUND24_LINES + ROUND25_LINES + ROUND26_LINES + REREAD_LINES
-             + ROUND27_LINES)
+             + ROUND27_LINES + ROUND28_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

@@ -341,11 +341,15 @@ _FIRST: tuple[Rule, ...] = (
             _p(r"must be on the same type of devices, but input module parameters locate in "
                r"(?P<devs>\{[^\n]{1,200}?\})",
                "DDP was given a module whose parameters are on several kinds of device {devs}"),
-            _p(r"only work with single-device/multiple-device GPU modules or CPU modules, but got "
-               r"device_ids (?P<ids>\[[^\]\n]{0,40}\])[^\n]{0,80}?module parameters "
-               r"(?P<devs>\{[^\n]{1,200}?\})",
-               "DDP was given device_ids {ids} for a module whose parameters are on {devs}: move "
-               "the model to the rank's GPU before wrapping it"),
+            # an index tensor (embedding lookup, fancy indexing) on another GPU than the tensor
+            # it indexes, and an RNN's input and weights apart
+            _p(r"indices should be either on cpu or on the same device as the indexed tensor "
+               r"\((?P<dev>cuda:\d{1,4}|cpu)\)",
+               "an index tensor is on another device than the tensor it indexes (on {dev}): a "
+               "model or buffer left on one GPU while the rank's inputs are on its own"),
+            _p(r"Input and parameter tensors are not at the same device, found input tensor at "
+               r"(?P<inp>cuda:\d{1,4}|cpu) and parameter tensor at (?P<par>cuda:\d{1,4}|cpu)",
+               "a layer's input is on {inp} and its weights on {par}"),
             _p(r"expected input to be on (?P<want>cuda|cpu)\b",
                "an op expected its input on {want} and got it elsewhere"),
             # torch 1.x's words for the same

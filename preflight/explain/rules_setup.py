@@ -444,6 +444,16 @@ SETUP_RULES: tuple[Rule, ...] = (
                r"package",
                "{pkg} is a module, not the package {mod} needs: a file of that name (beside the "
                "script, or on PYTHONPATH) or another install shadows the package"),
+            # a library's own ModuleNotFoundError, worded its own way ("A compatible
+            # nvidia-resiliency-ext installation is required for ..."): still a module the
+            # Python that ran the job cannot find
+            _p(r"ModuleNotFoundError: (?!No module named)(?P<msg>[^\n]{8,160}?)\s{0,4}$",
+               "a package the job needs is not installed in the Python that ran it: {msg}"),
+            # an ImportError that names the install command ("... requires Accelerate: `pip
+            # install accelerate`"); not an upgrade (a version too old is not a missing package)
+            _p(r"ImportError: [^\n]{0,200}?\b(?:pip|conda) install (?!-U\b|--upgrade)"
+               r"[`'\"]?(?P<mod>[A-Za-z][\w.\[\]-]{0,80})",
+               "the package {mod} is not installed in the Python that ran the job"),
             # transformers' own words for an optional package it needs and did not find
             _p(r"the package (?P<mod>[\w.-]{1,80}) seems to be not installed",
                "the package {mod} is not installed in the Python that ran the job"),
@@ -486,12 +496,19 @@ SETUP_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "LauncherNotFound", Layer.ENVIRONMENT, ORIGIN,
-        "the launcher the job calls is not installed or not on PATH here: install it (Slurm's "
+        "the launcher the job calls cannot be run here (not installed, not on PATH, or a "
+        "launch script without its execute bit): install it (Slurm's "
         "`srun` comes with the slurm client, and only works inside an allocation), activate "
         "the environment that has torchrun / deepspeed / accelerate, or call it as "
         "`python -m torch.distributed.run`; under sudo, which resets PATH, call it by its full "
-        "path; on a machine without Slurm launch with torchrun",
+        "path; on a machine without Slurm launch with torchrun; `chmod +x` a launch script "
+        "(or start it as `bash script.sh`)",
         (
+            # a launch script (dist_train.sh) or launcher the shell may not execute
+            _p(r"\b(?:ba|z|da)?sh: (?:(?:line )?\d{1,6}: )?(?P<cmd>[\w./-]{0,200}\.sh|"
+               r"[\w./-]{0,200}?(?:torchrun|deepspeed|accelerate|srun|mpirun)): Permission denied",
+               "the shell may not execute {cmd}: it has no execute permission (`chmod +x "
+               "{cmd}`, or start it as `bash {cmd}`)"),
             _p(r"(?P<cmd>srun|sbatch|salloc|torchrun|deepspeed|accelerate|mpirun|mpiexec): "
                r"command not found",
                "the command {cmd} is not installed or not on PATH"),
@@ -679,6 +696,13 @@ SETUP_RULES: tuple[Rule, ...] = (
                r"this architecture",
                "the installed transformers does not know the model type {type} (too old for "
                "the checkpoint, or a custom model that needs trust_remote_code=True)"),
+            # DeepSpeed's tensor-parallel inference (AutoTP) with no policy for the model
+            _p(r"Not able to determine model policy automatically\. Please provide policy|AutoTP "
+               r"not supported for model\. Please use kernel injection",
+               "DeepSpeed's tensor-parallel inference found no policy for this model: pass "
+               "`injection_policy={Block: ('attn.out_proj', 'mlp.down_proj')}` (the model's own "
+               "layer names) to deepspeed.init_inference, or `replace_with_kernel_inject=True` "
+               "where DeepSpeed has kernels for the model"),
             # webdataset refuses a pipeline that would give every node the same shards
             _p(r"you need to add an explicit nodesplitter to your input pipeline|input pipeline "
                r"needs to be reconfigured for multinode training",

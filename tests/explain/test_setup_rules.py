@@ -1096,6 +1096,47 @@ def test_a_librarys_own_words_are_found_in_a_long_log(line: str, reason: str) ->
     assert reasons(steps + line + "\n" + steps[:4000])[:1] == [reason]
 
 
+ROUND29_LINES = [
+    # a library's own ModuleNotFoundError, and an ImportError that names the install command
+    ("[rank0]: ModuleNotFoundError: A compatible nvidia-resiliency-ext installation is required "
+     "for", "MissingPackage"),
+    ("ModuleNotFoundError: flash_attn is required for this model, please install it",
+     "MissingPackage"),
+    ("ImportError: Using `bitsandbytes` 8-bit quantization requires Accelerate: `pip install "
+     "accelerate`", "MissingPackage"),
+    # an index tensor, or an RNN's input, on another device
+    ("[rank2]: RuntimeError: indices should be either on cpu or on the same device as the "
+     "indexed tensor (cpu)", "DeviceMismatch"),
+    ("RuntimeError: Input and parameter tensors are not at the same device, found input tensor "
+     "at cuda:1 and parameter tensor at cuda:0", "DeviceMismatch"),
+    # DeepSpeed's tensor-parallel inference with no policy for the model: the job's setting
+    ("AssertionError: Not able to determine model policy automatically. Please provide policy.",
+     "ScriptException"),
+]
+#: Short pastes with no anchor word (read line by line, classifier.reread).
+ROUND29_SHORT_LINES = [
+    ("bash: tools/dist_train.sh: Permission denied", "LauncherNotFound"),
+    ("/bin/sh: 1: /opt/venv/bin/torchrun: Permission denied", "LauncherNotFound"),
+]
+
+
+@pytest.mark.parametrize(("line", "reason"), ROUND29_LINES, ids=[r for _, r in ROUND29_LINES])
+def test_the_twenty_ninth_rounds_lines_are_found_in_a_long_log(line: str, reason: str) -> None:
+    steps = "".join(f"[rank0]: step {i} loss 2.{i % 97:02d} lr 3e-4 grad_norm 0.91\n"
+                    for i in range(2000))
+    assert reasons(steps + line + "\n")[:1] == [reason]
+
+
+@pytest.mark.parametrize("line", [
+    # an upgrade is a version too old, not a missing package
+    "ImportError: This model requires transformers>=4.40: pip install -U transformers",
+    # a redirect into a file the user may not write is no launcher
+    "bash: /data/out/train.log: Permission denied",
+])
+def test_near_misses_of_the_twenty_ninth_round_are_not_named_so(line: str) -> None:
+    assert not {"MissingPackage", "LauncherNotFound"} & set(reasons(line + "\n"))
+
+
 #: Lines with no anchor word, read because the paste is short (classifier.reread).
 REREAD_LINES = [
     ("The program 'srun' is currently not installed. To run 'srun' please ask your "
@@ -1432,7 +1473,7 @@ ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_L
              + ROUND14_LINES + ROUND15_LINES + ROUND16_LINES + ROUND18_LINES + ROUND19_LINES
              + ROUND20_LINES + ROUND21_LINES + ROUND22_LINES + ROUND23_LINES
              + ROUND24_LINES + ROUND25_LINES + ROUND26_LINES + REREAD_LINES
-             + ROUND27_LINES + ROUND28_LINES)
+             + ROUND27_LINES + ROUND28_LINES + ROUND29_LINES + ROUND29_SHORT_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

@@ -181,6 +181,27 @@ SETUP_RULES: tuple[Rule, ...] = (
         progress=False,
     ),
     Rule(
+        "SlurmRequestRejected", Layer.ENVIRONMENT, ORIGIN,
+        "Slurm refused the job's resource request before anything ran: this is the job "
+        "script's request, not the node's fault: read the reason Slurm gives and check the "
+        "request against what the cluster has (`sinfo -o '%P %G %D %c'` for partitions, GPUs "
+        "and CPUs, `scontrol show partition`, `sacctmgr show assoc user=$USER` for accounts and "
+        "QOS); on newer Slurm `--gpus-per-task` needs `--ntasks` (or `--gpus`), and a GPU "
+        "request must name a gres this cluster defines (`--gres=gpu:N`)",
+        (
+            _p(r"(?:sbatch|srun|salloc): error: (?:Batch job submission failed|Unable to "
+               r"allocate resources|Job submit/allocate failed|Failed to validate job spec)"
+               r"[:.] (?P<why>[^\n]{3,200}?)\s{0,4}$",
+               "Slurm refused the job's request: {why}"),
+            _p(r"(?:sbatch|srun|salloc): error: Invalid generic resource \(gres\) specification",
+               "Slurm does not know the job's GPU request (a gres name or count this cluster "
+               "does not define)"),
+        ),
+        "sbatch: error: Batch job submission failed: Requested node configuration is not "
+        "available",
+        progress=False,
+    ),
+    Rule(
         "ProcessGroupNotInitialized", Layer.MODEL, ORIGIN,
         "torch.distributed was used before `dist.init_process_group(...)` in this process: call "
         "it first in every process (with torchrun: `init_process_group(backend='nccl')`), "
@@ -696,6 +717,17 @@ SETUP_RULES: tuple[Rule, ...] = (
                r"this architecture",
                "the installed transformers does not know the model type {type} (too old for "
                "the checkpoint, or a custom model that needs trust_remote_code=True)"),
+            # accelerate's notebook_launcher called without the number of processes
+            _p(r"You have to specify the number of GPUs you would like to use, add "
+               r"`?num_processes=",
+               "accelerate's notebook_launcher was called without the number of processes: "
+               "pass `num_processes=N` (the GPUs to use) to notebook_launcher"),
+            # a config a library validates with pydantic (DeepSpeed's ZeRO, optimizer and other
+            # sections): a key the installed release does not know, or a wrong value
+            _p(r"ValidationError: (?P<n>\d{1,4}) validation errors? for (?P<cls>\w{1,80})",
+               "the job's settings do not validate against {cls} ({n} error(s)): a key the "
+               "installed release does not know (an option from a newer release: upgrade it, "
+               "or drop the key) or a value of the wrong type"),
             # DeepSpeed's tensor-parallel inference (AutoTP) with no policy for the model
             _p(r"Not able to determine model policy automatically\. Please provide policy|AutoTP "
                r"not supported for model\. Please use kernel injection",

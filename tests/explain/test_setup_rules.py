@@ -1137,6 +1137,30 @@ def test_near_misses_of_the_twenty_ninth_round_are_not_named_so(line: str) -> No
     assert not {"MissingPackage", "LauncherNotFound"} & set(reasons(line + "\n"))
 
 
+ROUND30_LINES = [
+    # Slurm refusing the job's request before anything ran
+    ("sbatch: error: Batch job submission failed: Requested node configuration is not "
+     "available", "SlurmRequestRejected"),
+    ("srun: error: Unable to allocate resources: Invalid account or account/partition "
+     "combination specified", "SlurmRequestRejected"),
+    ("sbatch: error: Failed to validate job spec. --gpus-per-task or --tres-per-task used "
+     "without either --gpus or -n/--ntasks is not allowed.", "SlurmRequestRejected"),
+    ("salloc: error: Invalid generic resource (gres) specification", "SlurmRequestRejected"),
+    # a library's check of the job's call or settings
+    ("ValueError: You have to specify the number of GPUs you would like to use, add "
+     "`num_processes=...` to your call.", "ScriptException"),
+    ("pydantic.error_wrappers.ValidationError: 1 validation error for DeepSpeedZeroConfig",
+     "ScriptException"),
+    ("pydantic_core._pydantic_core.ValidationError: 2 validation errors for "
+     "DeepSpeedConfigModel", "ScriptException"),
+]
+
+
+def test_a_step_slurm_launched_and_lost_its_credential_is_not_a_rejected_request() -> None:
+    line = "srun: error: Task launch for StepId=36.0 failed on node cn131: Job credential expired"
+    assert reasons(line + "\n")[:1] == ["SlurmCredentialError"]
+
+
 #: Lines with no anchor word, read because the paste is short (classifier.reread).
 REREAD_LINES = [
     ("The program 'srun' is currently not installed. To run 'srun' please ask your "
@@ -1473,7 +1497,8 @@ ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_L
              + ROUND14_LINES + ROUND15_LINES + ROUND16_LINES + ROUND18_LINES + ROUND19_LINES
              + ROUND20_LINES + ROUND21_LINES + ROUND22_LINES + ROUND23_LINES
              + ROUND24_LINES + ROUND25_LINES + ROUND26_LINES + REREAD_LINES
-             + ROUND27_LINES + ROUND28_LINES + ROUND29_LINES + ROUND29_SHORT_LINES)
+             + ROUND27_LINES + ROUND28_LINES + ROUND29_LINES + ROUND29_SHORT_LINES
+             + ROUND30_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

@@ -717,6 +717,18 @@ SETUP_RULES: tuple[Rule, ...] = (
                r"this architecture",
                "the installed transformers does not know the model type {type} (too old for "
                "the checkpoint, or a custom model that needs trust_remote_code=True)"),
+            # Lightning's FSDP strategy: the optimizer was built from the unwrapped model
+            _p(r"The optimizer does not seem to reference any FSDP parameters",
+               "the optimizer was built from the model's parameters before FSDP wrapped it: "
+               "build it from the wrapped model (in Lightning, `self.trainer.model.parameters()` "
+               "in configure_optimizers)"),
+            # Open MPI's banner for a second MPI_Init in one process (mpi4py's MPI.Init() and
+            # then init_process_group("mpi"), which initialises MPI itself)
+            _p(r"Open MPI has detected that this process has attempted to initiali[sz]e",
+               "MPI was initialised twice in one process (often mpi4py's MPI.Init() and then "
+               "init_process_group('mpi'), which initialises MPI itself): initialise it once: "
+               "call init_process_group('mpi') first and use mpi4py after it "
+               "(`mpi4py.rc.initialize = False`)", follow=2),
             # accelerate's notebook_launcher called without the number of processes
             _p(r"You have to specify the number of GPUs you would like to use, add "
                r"`?num_processes=",

@@ -1161,6 +1161,17 @@ def test_a_step_slurm_launched_and_lost_its_credential_is_not_a_rejected_request
     assert reasons(line + "\n")[:1] == ["SlurmCredentialError"]
 
 
+ROUND31_LINES = [
+    # Lightning's FSDP strategy and an optimizer built before the model was wrapped
+    ("ValueError: The optimizer does not seem to reference any FSDP parameters. HINT: Make sure "
+     "to create the optimizer after setting up the model by referencing "
+     "`self.trainer.model.parameters()` in the `configure_optimizers()` hook.", "ScriptException"),
+    # Open MPI's banner for MPI initialised twice in one process (pasted on its own)
+    ("Open MPI has detected that this process has attempted to initialize\nMPI (via MPI_INIT or "
+     "MPI_INIT_THREAD) more than once.  This is\nerroneous.", "ScriptException"),
+]
+
+
 #: Lines with no anchor word, read because the paste is short (classifier.reread).
 REREAD_LINES = [
     ("The program 'srun' is currently not installed. To run 'srun' please ask your "
@@ -1498,7 +1509,7 @@ ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_L
              + ROUND20_LINES + ROUND21_LINES + ROUND22_LINES + ROUND23_LINES
              + ROUND24_LINES + ROUND25_LINES + ROUND26_LINES + REREAD_LINES
              + ROUND27_LINES + ROUND28_LINES + ROUND29_LINES + ROUND29_SHORT_LINES
-             + ROUND30_LINES)
+             + ROUND30_LINES + ROUND31_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

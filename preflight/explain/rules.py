@@ -341,6 +341,12 @@ _FIRST: tuple[Rule, ...] = (
             _p(r"must be on the same type of devices, but input module parameters locate in "
                r"(?P<devs>\{[^\n]{1,200}?\})",
                "DDP was given a module whose parameters are on several kinds of device {devs}"),
+            # FSDP's CPU offload given a module the job already moved to a GPU (torch's words;
+            # fairscale's is the bare assert below, read from its frame)
+            _p(r"An FSDP-managed module with parameter CPU offloading enabled has parameters on "
+               r"(?P<dev>cuda:\d{1,4})",
+               "FSDP's CPU offload was given a module already on {dev}: leave the module on "
+               "the CPU (no `.cuda()` / `.to(device)` before wrapping) and pass `device_id`"),
             # an index tensor (embedding lookup, fancy indexing) on another GPU than the tensor
             # it indexes, and an RNN's input and weights apart
             _p(r"indices should be either on cpu or on the same device as the indexed tensor "
@@ -398,6 +404,13 @@ _FIRST: tuple[Rule, ...] = (
         ),
         "RuntimeError: Expected all tensors to be on the same device, but found at least two "
         "devices, cuda:0 and cuda:1!",
+        frames=(
+            # fairscale's FSDP with cpu_offload=True and the model already on the GPU
+            _f("_init_param_attributes",
+               r"assert p\._fp32_shard\.device == torch\.device\(\"cpu\"\)",
+               "fairscale's FSDP with cpu_offload found a parameter on the GPU: leave the model "
+               "on the CPU before wrapping it (from the traceback's frames)"),
+        ),
     ),
     Rule(
         "UnusedParameters", Layer.MODEL, ORIGIN,

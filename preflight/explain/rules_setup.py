@@ -327,6 +327,18 @@ SETUP_RULES: tuple[Rule, ...] = (
         (
             _p(r"no kernel image is available for execution on the device",
                "no kernel of this build runs on this GPU's architecture"),
+            # torch's own warning at CUDA init for a GPU its build has no kernels for, old and
+            # new wording ("PyTorch no longer supports this GPU because it is too old", "Minimum
+            # and Maximum cuda capability supported by this version of PyTorch is (7.0) - (9.0)")
+            _p(r"Found GPU(?P<gpu>\d{1,4}) (?P<name>[^\n]{1,80}?) which is of (?:cuda|compute) "
+               r"capability (?:\(CC\) )?(?P<cc>\d{1,2}\.\d{1,2})",
+               "this torch has no kernels for GPU {gpu} ({name}, compute capability {cc})",
+               follow=2),
+            _p(r"(?P<name>[\w -]{1,80}?) with CUDA capability (?P<sm>sm_\d{2,3}) is not "
+               r"compatible with the current PyTorch installation",
+               "this torch has no kernels for the {name} ({sm})"),
+            _p(r"PyTorch no longer supports this GPU because it is too old",
+               "this torch has dropped the GPU's architecture (too old for this build)"),
         ),
         "RuntimeError: CUDA error: no kernel image is available for execution on the device",
         progress=False,
@@ -525,6 +537,11 @@ SETUP_RULES: tuple[Rule, ...] = (
         "path; on a machine without Slurm launch with torchrun; `chmod +x` a launch script "
         "(or start it as `bash script.sh`)",
         (
+            # Slurm's step daemon could not start the step's command on the node
+            _p(r"slurmstepd: error: execve\(\): (?P<cmd>[\w./+-]{1,200}): (?P<why>No such file or "
+               r"directory|Permission denied)",
+               "Slurm could not start {cmd} on the node ({why}): it is not on the step's PATH "
+               "there (activate the environment in the batch script, or give its full path)"),
             # a launch script (dist_train.sh) or launcher the shell may not execute
             _p(r"\b(?:ba|z|da)?sh: (?:(?:line )?\d{1,6}: )?(?P<cmd>[\w./-]{0,200}\.sh|"
                r"[\w./-]{0,200}?(?:torchrun|deepspeed|accelerate|srun|mpirun)): Permission denied",
@@ -729,6 +746,13 @@ SETUP_RULES: tuple[Rule, ...] = (
                "init_process_group('mpi'), which initialises MPI itself): initialise it once: "
                "call init_process_group('mpi') first and use mpi4py after it "
                "(`mpi4py.rc.initialize = False`)", follow=2),
+            # a non-leaf tensor that requires grad pickled to another process (mp.spawn's
+            # arguments, a queue; weight_norm's computed weight on the model)
+            _p(r"Cowardly refusing to serialize non-leaf tensor which requires_grad",
+               "a tensor that requires grad and is not a leaf (computed from parameters; "
+               "`nn.utils.weight_norm`'s weight) was sent to another process: `.detach()` it, "
+               "build the model inside each process, or use "
+               "`torch.nn.utils.parametrizations.weight_norm`"),
             # accelerate's notebook_launcher called without the number of processes
             _p(r"You have to specify the number of GPUs you would like to use, add "
                r"`?num_processes=",

@@ -82,8 +82,8 @@ threads was read, from threads used for no rule, each scored once on the rules o
   shares, gathered while the thirtieth round was written; a development set since its
   misses guided the thirty-first.
 * ``fresh33/`` (fresh33/RULE.md): issue threads asked by situation, 48 other queries in four
-  shares, gathered while the thirty-first round was written; never tuned on: it measures the
-  rules as committed.
+  shares, gathered while the thirty-first round was written; a development set since its
+  misses guided the thirty-second.
 
 The figures are those of docs/explain.md. A floor is the score the corpus gave when it was first
 scored, so that a change that loses ground shows; the targets (95 % recognised, 90 % right cause
@@ -268,7 +268,7 @@ def test_no_healthy_log_is_flagged(corpus: Corpus) -> None:
 
 #: The corpora whose score guided no rule yet: the targets are measured on these only (on a
 #: development set meeting them says nothing).
-MEASURING = tuple(c for c in CORPORA if c.name in ("fresh8", "fresh33"))
+MEASURING = tuple(c for c in CORPORA if c.name in ("fresh8",))
 
 
 @pytest.mark.xfail(strict=True, reason="the fresh corpus misses the targets: docs/explain.md "

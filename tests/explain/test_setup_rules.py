@@ -1172,6 +1172,35 @@ ROUND31_LINES = [
 ]
 
 
+ROUND32_LINES = [
+    # torch's own warnings at CUDA init for a GPU its build has no kernels for
+    ("    Found GPU1 Tesla V100-PCIE-16GB which is of cuda capability 7.0.\n    PyTorch no "
+     "longer supports this GPU because it is too old.", "GpuArchUnsupported"),
+    ("    Found GPU0 NVIDIA GeForce RTX 5090 which is of compute capability (CC) 12.0.",
+     "GpuArchUnsupported"),
+    ("NVIDIA GeForce RTX 5090 with CUDA capability sm_120 is not compatible with the current "
+     "PyTorch installation.", "GpuArchUnsupported"),
+    # Slurm's step daemon could not start the step's command
+    ("slurmstepd: error: execve(): torchrun: No such file or directory", "LauncherNotFound"),
+    ("slurmstepd: error: execve(): ./train.sh: Permission denied", "LauncherNotFound"),
+    # a non-leaf tensor pickled to another process
+    ("RuntimeError: Cowardly refusing to serialize non-leaf tensor which requires_grad, since "
+     "autograd does not support crossing process boundaries.", "ScriptException"),
+    # FSDP's CPU offload given a model already on the GPU
+    ("RuntimeError: An FSDP-managed module with parameter CPU offloading enabled has parameters "
+     "on cuda:0. Make sure to not move the module from CPU when offloading parameters.",
+     "DeviceMismatch"),
+]
+
+
+def test_fairscales_cpu_offload_assert_is_named_from_its_frame() -> None:
+    log = ('  File "/env/site-packages/fairscale/nn/data_parallel/fully_sharded_data_parallel.py", '
+           'line 698, in _init_param_attributes\n'
+           '    assert p._fp32_shard.device == torch.device("cpu")\n'
+           'AssertionError\n')
+    assert reasons(log) == ["DeviceMismatch"]
+
+
 #: Lines with no anchor word, read because the paste is short (classifier.reread).
 REREAD_LINES = [
     ("The program 'srun' is currently not installed. To run 'srun' please ask your "
@@ -1509,7 +1538,7 @@ ALL_LINES = (PROGRAM_LINES + MORE_LINES + ROUND3_LINES + ROUND4_LINES + ROUND5_L
              + ROUND20_LINES + ROUND21_LINES + ROUND22_LINES + ROUND23_LINES
              + ROUND24_LINES + ROUND25_LINES + ROUND26_LINES + REREAD_LINES
              + ROUND27_LINES + ROUND28_LINES + ROUND29_LINES + ROUND29_SHORT_LINES
-             + ROUND30_LINES + ROUND31_LINES)
+             + ROUND30_LINES + ROUND31_LINES + ROUND32_LINES)
 
 
 @pytest.mark.parametrize(("line", "reason"), ALL_LINES, ids=[r for _, r in ALL_LINES])

@@ -84,6 +84,9 @@ threads was read, from threads used for no rule, each scored once on the rules o
 * ``fresh33/`` (fresh33/RULE.md): issue threads asked by situation, 48 other queries in four
   shares, gathered while the thirty-first round was written; a development set since its
   misses guided the thirty-second.
+* ``fresh34/`` (fresh34/RULE.md): issue threads asked by situation, 48 other queries in four
+  shares, gathered while the thirty-second round was written; never tuned on: it measures the
+  rules as committed.
 
 The figures are those of docs/explain.md. A floor is the score the corpus gave when it was first
 scored, so that a change that loses ground shows; the targets (95 % recognised, 90 % right cause
@@ -150,6 +153,7 @@ CORPORA = (
     Corpus("fresh31", 48, (4 / 7, 4 / 7), 1, "thirty-first fresh corpus"),
     Corpus("fresh32", 48, (0 / 5, 0 / 5), 2, "thirty-second fresh corpus"),
     Corpus("fresh33", 48, (0 / 5, 0 / 5), 5, "thirty-third fresh corpus"),
+    Corpus("fresh34", 48, (2 / 3, 2 / 3), 1, "thirty-fourth fresh corpus"),
 )
 #: Where a log came from: a GitHub issue thread, or (from the tenth corpus on) a file of a
 #: public repository, by its path or by the id the stored index gives a file it does not name.
@@ -268,7 +272,7 @@ def test_no_healthy_log_is_flagged(corpus: Corpus) -> None:
 
 #: The corpora whose score guided no rule yet: the targets are measured on these only (on a
 #: development set meeting them says nothing).
-MEASURING = tuple(c for c in CORPORA if c.name in ("fresh8",))
+MEASURING = tuple(c for c in CORPORA if c.name in ("fresh8", "fresh34"))
 
 
 @pytest.mark.xfail(strict=True, reason="the fresh corpus misses the targets: docs/explain.md "

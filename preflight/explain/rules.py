@@ -400,7 +400,7 @@ _FIRST: tuple[Rule, ...] = (
                r"different device|with `?device_map='auto'`? in any distributed mode)",
                "a model spread over GPUs by device_map (or loaded in 8 bit elsewhere) cannot "
                "be trained with one process per GPU: load it with "
-               "device_map={'': local_rank}"),
+               "device_map={{'': local_rank}}"),
         ),
         "RuntimeError: Expected all tensors to be on the same device, but found at least two "
         "devices, cuda:0 and cuda:1!",

@@ -768,7 +768,7 @@ SETUP_RULES: tuple[Rule, ...] = (
             _p(r"Not able to determine model policy automatically\. Please provide policy|AutoTP "
                r"not supported for model\. Please use kernel injection",
                "DeepSpeed's tensor-parallel inference found no policy for this model: pass "
-               "`injection_policy={Block: ('attn.out_proj', 'mlp.down_proj')}` (the model's own "
+               "`injection_policy={{Block: ('attn.out_proj', 'mlp.down_proj')}}` (the model's own "
                "layer names) to deepspeed.init_inference, or `replace_with_kernel_inject=True` "
                "where DeepSpeed has kernels for the model"),
             # webdataset refuses a pipeline that would give every node the same shards

@@ -1573,3 +1573,20 @@ def test_a_remote_commands_exit_code_passed_on_by_pdsh_is_not_an_ssh_failure() -
     """ssh exits 255 for its own failure; any other code is the remote command's own (a rank
     that failed on that node), which pdsh only passes on."""
     assert "SshLaunchFailed" not in reasons("pdsh@node01: node02: ssh exited with exit code 1\n")
+
+
+def test_a_message_names_only_its_patterns_groups() -> None:
+    """A message is a ``str.format`` template: a brace it means as text is doubled, so that no
+    fix text falls back to the raw template (and no field goes unfilled)."""
+    import string
+
+    from preflight.explain.rules import RULES
+    from preflight.explain.ruletypes import Hook
+
+    for rule in RULES:
+        if rule.hook is not Hook.NONE:  # its hook fills fields of its own
+            continue
+        for regex, message in ([(p.regex, p.message) for p in rule.patterns]
+                               + [(f.source, f.message) for f in rule.frames]):
+            fields = {f for _, f, _, _ in string.Formatter().parse(message) if f is not None}
+            assert fields <= set(regex.groupindex), (rule.reason, message)
